@@ -1,0 +1,140 @@
+"""One exception tree for every failure, rendered as an OpenAI-style error body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    """A failure that the client sees as `{"error": {message, type, param, code}}`."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, int(round(self.retry_after))))}
+
+    def json_bytes(self) -> bytes:
+        return orjson.dumps(self.payload())
+
+    def sse_frame(self) -> bytes:
+        """The same payload as one SSE event, for failures after a stream has started."""
+        return b"data: " + self.json_bytes() + b"\n\n"
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    code = "budget_exceeded"
+
+
+class UpstreamError(GatewayError):
+    """The upstream answered with an error or garbage."""
+
+    status = 502
+    type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamUnavailable(GatewayError):
+    """No healthy upstream could take the request."""
+
+    status = 503
+    type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+class Overloaded(GatewayError):
+    """A local resource (edge queue, KV cache) is full; the caller should retry later."""
+
+    status = 503
+    type = "server_error"
+    code = "overloaded"
+
+
+def render_unexpected(exc: BaseException) -> GatewayError:
+    """Turn anything else into a sanitised 500 that leaks no internals."""
+    return GatewayError("internal error in the gateway; see its logs for the request id")

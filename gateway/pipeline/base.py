@@ -1,0 +1,39 @@
+"""The contract every pipeline stage follows.
+
+A stage runs before the lane executes and may answer early (a cache hit, a 429);
+a completion hook runs after the answer has been delivered (cache admission, metering).
+The order of both is declared once, in `gateway.pipeline.order`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from gateway.context import Answer, Outcome, RequestContext
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """Reads and rewrites the context; returns an Answer to stop the pipeline early."""
+
+    name: str
+
+    async def run(self, ctx: RequestContext) -> Answer | None: ...
+
+
+@runtime_checkable
+class CompletionHook(Protocol):
+    """Runs once the client has its answer (or the stream was cut); must not raise."""
+
+    name: str
+
+    async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None: ...
+
+
+class StageFactory(Protocol):
+    """Builds a stage from the running services, or returns None when it is switched off."""
+
+    def __call__(self, services: Services) -> Stage | CompletionHook | None: ...

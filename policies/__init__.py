@@ -1,0 +1,1 @@
+"""Policies: trimming, semantic cache, router, pricing and budgets, configured from YAML."""

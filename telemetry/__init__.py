@@ -1,0 +1,1 @@
+"""Telemetry: OpenTelemetry traces and metrics, the usage ledger and Prometheus export."""
