@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +18,8 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 DIMENSION = 384
+
+logger = logging.getLogger(__name__)
 
 
 def bundled_model_path() -> Path:
@@ -43,3 +50,150 @@ def encode(model: SentenceTransformer, texts: list[str], batch_size: int = 64) -
         show_progress_bar=False,
     )
     return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+@dataclass(slots=True)
+class _Pending:
+    text: str
+    future: asyncio.Future[np.ndarray]
+
+
+class Embedder:
+    """Micro-batched sentence embeddings for the event loop: concurrent calls share one encode.
+
+    Encoding runs on a single worker thread. Under load the queue fills while that thread is
+    busy, so batches form on their own; when the encoder is idle a lone request is encoded at
+    once, and the batcher waits (at most `max_wait_ms`) only when other requests are arriving.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        max_wait_ms: float = 2.0,
+        max_batch: int = 64,
+        *,
+        model: SentenceTransformer | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if max_wait_ms < 0:
+            raise ValueError("max_wait_ms must not be negative")
+        self.model_path = model_path
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_batch = max_batch
+        self._model = model
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        # NOTE: one thread owns the model; torch encode calls are never made concurrently.
+        self._executor: ThreadPoolExecutor | None = None
+        self.batches = 0
+        self.texts = 0
+
+    @property
+    def dimension(self) -> int:
+        return DIMENSION
+
+    @property
+    def started(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    async def start(self) -> None:
+        """Load the model on the worker thread and start the batcher task."""
+        if self.started:
+            return
+        loop = asyncio.get_running_loop()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        if self._model is None:
+            self._model = await loop.run_in_executor(self._executor, load_sentence_model, self.model_path)
+        # Warm-up: the first encode pays for lazy torch initialisation.
+        await loop.run_in_executor(self._executor, encode, self._model, ["warm up"])
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run(), name="embedder-batcher")
+
+    async def close(self) -> None:
+        """Stop the batcher, fail queued calls and release the worker thread."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        queue, self._queue = self._queue, None
+        while queue is not None and not queue.empty():
+            item = queue.get_nowait()
+            if not item.future.done():
+                item.future.set_exception(RuntimeError("the embedder was closed"))
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    async def embed(self, text: str) -> np.ndarray:
+        """One 384-d float32 L2-normalised vector for `text`."""
+        if self._queue is None or not self.started:
+            raise RuntimeError("Embedder.start() has not been awaited")
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(text, future))
+        return await future
+
+    async def embed_many(self, texts: list[str]) -> np.ndarray:
+        """Rows for several texts, batched together with whatever else is queued."""
+        if not texts:
+            return np.zeros((0, DIMENSION), dtype=np.float32)
+        rows = await asyncio.gather(*(self.embed(t) for t in texts))
+        return np.stack(rows)
+
+    async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
+        batch = [await queue.get()]
+        self._drain(queue, batch)
+        if len(batch) < self.max_batch:
+            # Let callers scheduled in the same loop iteration enqueue before deciding.
+            await asyncio.sleep(0)
+            arrived = self._drain(queue, batch)
+            if arrived and self.max_wait_s > 0:
+                deadline = asyncio.get_running_loop().time() + self.max_wait_s
+                while len(batch) < self.max_batch:
+                    remaining = deadline - asyncio.get_running_loop().time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        batch.append(await asyncio.wait_for(queue.get(), remaining))
+                    except asyncio.TimeoutError:
+                        break
+                    self._drain(queue, batch)
+        return batch
+
+    def _drain(self, queue: asyncio.Queue[_Pending], batch: list[_Pending]) -> int:
+        added = 0
+        while len(batch) < self.max_batch and not queue.empty():
+            batch.append(queue.get_nowait())
+            added += 1
+        return added
+
+    async def _run(self) -> None:
+        assert self._queue is not None and self._model is not None
+        loop = asyncio.get_running_loop()
+        queue, model = self._queue, self._model
+        while True:
+            batch = await self._collect(queue)
+            live = [item for item in batch if not item.future.done()]
+            if not live:
+                continue
+            try:
+                vectors = await loop.run_in_executor(
+                    self._executor, encode, model, [item.text for item in live], self.max_batch
+                )
+            except asyncio.CancelledError:
+                for item in live:
+                    if not item.future.done():
+                        item.future.set_exception(RuntimeError("the embedder was closed"))
+                raise
+            except Exception as exc:  # one bad batch must not kill the batcher
+                logger.exception("embedding batch of %d failed", len(live))
+                for item in live:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                continue
+            self.batches += 1
+            self.texts += len(live)
+            for item, row in zip(live, vectors):
+                if not item.future.done():
+                    item.future.set_result(row.copy())
