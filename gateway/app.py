@@ -1,0 +1,68 @@
+"""`create_app(settings)`: builds the aiohttp application and everything it runs with."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.auth import KeyTable
+from gateway.components import COMPONENTS
+from gateway.keys import PIPELINE, RESOLVER, SERVICES, SETTINGS
+from gateway.middleware import build_middleware
+from gateway.models import ModelResolver
+from gateway.pipeline import order
+from gateway.pipeline.runner import Pipeline
+from gateway.routes import health, openai
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.upstream.pool import UpstreamPool
+from policies.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(settings: Settings) -> Policy:
+    return Policy.load(settings.policy_file, extra=settings.policy)
+
+
+def create_app(settings: Settings | None = None, policy: Policy | None = None) -> web.Application:
+    """The gateway as an aiohttp application; components start in its cleanup context."""
+    settings = settings or Settings.load()
+    policy = policy or load_policy(settings)
+    app = web.Application(
+        middlewares=[build_middleware(KeyTable(settings.auth))],
+        client_max_size=settings.server.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    openai.add_routes(app)
+    health.add_routes(app)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        pool = UpstreamPool(settings)
+        services = Services(settings=settings, policy=policy, pool=pool)
+        started: list[object] = []
+        try:
+            await pool.start()
+            for component in COMPONENTS:
+                if component.enabled(settings, policy):
+                    value = await component.build(settings, policy)
+                    setattr(services, component.attribute, value)
+                    started.append(value)
+            app[SERVICES] = services
+            app[RESOLVER] = ModelResolver(settings, pool, edge_enabled=services.engine is not None)
+            app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)
+            yield
+            await app[PIPELINE].drain()
+        finally:
+            for value in reversed(started):
+                try:
+                    await value.close()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - keep closing the rest
+                    log.exception("closing %r failed", value)
+            await pool.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,31 @@
+"""The optional long-lived components, declared once: how each is switched on, built and closed.
+
+Each entry builds one attribute of `Services`. Builders receive the settings and policy and
+return an object with an async `close()`; the app starts them in order and closes them in
+reverse order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.settings import Settings
+from policies.policy import Policy
+
+Builder = Callable[[Settings, Policy], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    attribute: str  # the Services field it fills
+    enabled: Callable[[Settings, Policy], bool]
+    build: Builder
+
+
+def _section_on(name: str) -> Callable[[Settings, Policy], bool]:
+    return lambda settings, policy: bool(policy.section(name).get("enabled", True))
+
+
+COMPONENTS: list[Component] = []

@@ -1,0 +1,15 @@
+"""Typed keys for what the application holds (aiohttp's AppKey instead of string keys)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.models import ModelResolver
+from gateway.pipeline.runner import Pipeline
+from gateway.services import Services
+from gateway.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+SERVICES = web.AppKey("services", Services)
+PIPELINE = web.AppKey("pipeline", Pipeline)
+RESOLVER = web.AppKey("resolver", ModelResolver)

@@ -1,0 +1,116 @@
+"""The upstream lane: forward the request to the pool and relay its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from gateway.context import Answer, RequestContext, Usage
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
+from gateway.upstream.sse import DONE, iter_events
+
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
+
+
+async def answer(pool: UpstreamPool, ctx: RequestContext) -> Answer:
+    """Send ctx.body upstream; return the JSON answer or a relay of the stream."""
+    body = ctx.body
+    if ctx.target_model and ctx.target_model != body.get("model"):
+        body = {**body, "model": ctx.target_model}
+    client_wants_usage = False
+    if ctx.stream:
+        options = dict(body.get("stream_options") or {})
+        client_wants_usage = bool(options.get("include_usage"))
+        # Ask for usage on every stream so metering never sees zero; strip it again below
+        # when the client did not ask for it.
+        options["include_usage"] = True
+        body = {**body, "stream_options": options}
+    started = time.perf_counter()
+    try:
+        reply = await pool.send(
+            ctx.pool or "default",
+            PATHS[ctx.operation],
+            body,
+            headers=forwardable_headers(ctx.headers),
+            model=body.get("model", ctx.model),
+            stream=ctx.stream,
+            client_authorization=ctx.headers.get("Authorization"),
+        )
+    finally:
+        ctx.lane_seconds += time.perf_counter() - started
+    ctx.attributes["tierlane.upstream.name"] = reply.upstream.name
+    ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
+    if reply.response is None:
+        return _whole(ctx, reply)
+    return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage))
+
+
+def _whole(ctx: RequestContext, reply: UpstreamReply) -> Answer:
+    body = reply.body
+    if reply.status >= 400:
+        raise _client_error(reply)
+    if not isinstance(body, dict):
+        raise UpstreamError("the upstream answered with JSON that is not an object")
+    ctx.usage = Usage.from_openai(body.get("usage"))
+    ctx.first_token_at = time.perf_counter()
+    return Answer(lane="upstream", body=body, status=reply.status)
+
+
+def _client_error(reply: UpstreamReply) -> GatewayError:
+    """An upstream 4xx/5xx passed on with its own message, in our error shape."""
+    err: dict[str, Any] = {}
+    if isinstance(reply.body, dict) and isinstance(reply.body.get("error"), dict):
+        err = reply.body["error"]
+    message = err.get("message") or f"the upstream answered {reply.status}"
+    status = reply.status if reply.status < 500 else 502
+    return GatewayError(
+        str(message),
+        status=status,
+        type=err.get("type") or ("invalid_request_error" if status < 500 else "upstream_error"),
+        code=err.get("code") if isinstance(err.get("code"), str) else None,
+        param=err.get("param") if isinstance(err.get("param"), str) else None,
+    )
+
+
+async def _relay(ctx: RequestContext, reply: UpstreamReply, client_wants_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    assert reply.response is not None
+    max_bytes = reply.upstream.settings.max_response_bytes
+    ok = False
+    blame = False
+    waited = time.perf_counter()
+    try:
+        async for event in iter_events(reply.response.content, max_bytes):
+            ctx.lane_seconds += time.perf_counter() - waited
+            if event is DONE:
+                ok = True
+                return
+            if not isinstance(event, dict):
+                raise UpstreamError("the upstream sent a stream event that is not an object")
+            if event.get("usage"):
+                ctx.usage = Usage.from_openai(event["usage"])
+                if not event.get("choices") and not client_wants_usage:
+                    waited = time.perf_counter()
+                    continue
+                if not client_wants_usage:
+                    event = {k: v for k, v in event.items() if k != "usage"}
+            if ctx.first_token_at is None and event.get("choices"):
+                ctx.first_token_at = time.perf_counter()
+            yield event
+            waited = time.perf_counter()
+    except UpstreamError:
+        blame = True
+        raise
+    except asyncio.TimeoutError:
+        blame = True
+        raise UpstreamTimeout("the upstream stopped sending mid-stream") from None
+    except (aiohttp.ClientError, OSError):
+        blame = True
+        raise UpstreamError("the upstream connection broke mid-stream", code="stream_cut") from None
+    finally:
+        # A consumer that stops early (client gone) closes the connection without blaming the upstream.
+        reply.release(ok=ok, blame=blame)

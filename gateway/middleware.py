@@ -1,0 +1,77 @@
+"""Middlewares: request id, authentication, and the one place errors become OpenAI error bodies."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.auth import KeyTable
+from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render_unexpected
+from gateway.respond import lane_header
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def request_id(request: web.Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.match(given) else "req_" + uuid.uuid4().hex
+
+
+def error_response(err: GatewayError, rid: str, received: float, extra: dict[str, str] | None = None) -> web.Response:
+    headers = {
+        **err.headers(),
+        "x-request-id": rid,
+        "x-tierlane-overhead-ms": f"{(time.perf_counter() - received) * 1000:.3f}",
+        "x-tierlane-lane": "none",
+    }
+    if extra:
+        headers.update(extra)
+    return web.Response(body=err.json_bytes(), status=err.status, content_type="application/json", headers=headers)
+
+
+def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        received = time.perf_counter()
+        rid = request_id(request)
+        request["request_id"] = rid
+        request["received_at"] = received
+        try:
+            if request.path not in UNAUTHENTICATED:
+                request["principal"] = keys.resolve(
+                    request.headers.get("Authorization"), request.headers.get("api-key")
+                )
+            return await handler(request)
+        except GatewayError as err:
+            ctx = request.get("ctx")
+            extra = {"x-tierlane-lane": lane_header(ctx)} if ctx is not None else None
+            return error_response(err, rid, received, extra)
+        except web.HTTPRequestEntityTooLarge as exc:
+            err = PayloadTooLarge(f"the request body is larger than the limit of {exc.max_size} bytes")
+            return error_response(err, rid, received)
+        except web.HTTPNotFound:
+            return error_response(NotFound(f"no route for {request.method} {request.path}"), rid, received)
+        except web.HTTPMethodNotAllowed as exc:
+            err = InvalidRequest(
+                f"method {request.method} is not allowed on {request.path}", status=405, code="method_not_allowed"
+            )
+            return error_response(err, rid, received, {"Allow": ",".join(sorted(exc.allowed_methods))})
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            err = GatewayError(exc.reason or "request failed", status=exc.status, type="invalid_request_error")
+            return error_response(err, rid, received)
+        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are rendered
+            log.exception("unhandled error in request %s", rid)
+            return error_response(render_unexpected(exc), rid, received)
+
+    return gateway_middleware

@@ -1,0 +1,79 @@
+"""Runs the stages over a RequestContext, calls the lane, and schedules the completion hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import Iterator, Sequence
+
+from gateway.context import Answer, Outcome, RequestContext
+from gateway.lanes import upstream as upstream_lane
+from gateway.pipeline.base import CompletionHook, Stage
+from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """The stages and hooks built for one running gateway."""
+
+    def __init__(self, services: Services, stages: Sequence[str], hooks: Sequence[str]) -> None:
+        self.services = services
+        self.stages: list[Stage] = [s for s in _build(services, stages) if s is not None]  # type: ignore[misc]
+        self.hooks: list[CompletionHook] = [h for h in _build(services, hooks) if h is not None]  # type: ignore[misc]
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def answer(self, ctx: RequestContext) -> Answer:
+        """Walk the stages; the first Answer wins, else the lane chosen on ctx answers."""
+        tel = self.services.telemetry
+        if ctx.operation != "embeddings":
+            for stage in self.stages:
+                with _span(tel, "stage_span", ctx, stage.name):
+                    early = await stage.run(ctx)
+                if early is not None:
+                    return early
+        with _span(tel, "model_span", ctx):
+            return await self._execute(ctx)
+
+    async def _execute(self, ctx: RequestContext) -> Answer:
+        if ctx.lane == "edge":
+            from gateway.lanes import edge as edge_lane
+
+            return await edge_lane.answer(self.services.engine, ctx)
+        return await upstream_lane.answer(self.services.pool, ctx)
+
+    def complete(self, ctx: RequestContext, outcome: Outcome) -> None:
+        """Run the hooks off the response path; drained on shutdown."""
+        if not self.hooks:
+            return
+        task = asyncio.get_running_loop().create_task(self._run_hooks(ctx, outcome))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _run_hooks(self, ctx: RequestContext, outcome: Outcome) -> None:
+        for hook in self.hooks:
+            try:
+                await hook.on_complete(ctx, outcome)
+            except Exception:  # noqa: BLE001 - a failing hook must not affect other hooks
+                log.exception("completion hook %s failed for request %s", hook.name, ctx.request_id)
+
+    async def drain(self) -> None:
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+
+def _build(services: Services, modules: Sequence[str]) -> Iterator[object]:
+    for name in modules:
+        yield importlib.import_module(name).build(services)
+
+
+@contextlib.contextmanager
+def _span(telemetry: object, method: str, *args: object) -> Iterator[None]:
+    factory = getattr(telemetry, method, None) if telemetry is not None else None
+    if factory is None:
+        yield
+        return
+    with factory(*args):
+        yield

@@ -1,0 +1,124 @@
+"""Turning an Answer into the HTTP response: JSON, or SSE relayed chunk by chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.assemble import StreamAssembler
+from gateway.context import Answer, Outcome, RequestContext
+from gateway.errors import GatewayError, render_unexpected
+from gateway.pipeline.runner import Pipeline
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+DONE_FRAME = b"data: [DONE]\n\n"
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
+
+
+def lane_header(ctx: RequestContext) -> str:
+    lane = ctx.lane if ctx.lane != "upstream" or not ctx.pool else f"upstream:{ctx.pool}"
+    route = ctx.route
+    if route is None:
+        return lane
+    score = "" if route.score is None else f"; score={route.score:.3f}"
+    return f"{lane}{score}; reason={route.reason}"
+
+
+def answer_headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> dict[str, str]:
+    headers = {
+        "x-request-id": ctx.request_id,
+        "x-tierlane-lane": lane_header(ctx),
+        "x-tierlane-overhead-ms": f"{ctx.overhead_ms():.3f}",
+    }
+    if ctx.cache_status != "off":
+        headers["x-tierlane-cache"] = ctx.cache_status
+    trim = ctx.attributes.get("x-tierlane-trim")
+    if trim:
+        headers["x-tierlane-trim"] = str(trim)
+    if extra:
+        headers.update(extra)
+    return headers
+
+
+def _finish_reasons(body: dict[str, Any]) -> list[str]:
+    return [c.get("finish_reason") for c in body.get("choices") or () if c.get("finish_reason")]
+
+
+async def deliver(request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline) -> web.StreamResponse:
+    if answer.chunks is None:
+        body = answer.body or {}
+        response = web.Response(
+            body=orjson.dumps(body),
+            status=answer.status,
+            content_type="application/json",
+            headers=answer_headers(ctx, answer.headers),
+        )
+        pipeline.complete(
+            ctx,
+            Outcome(status=answer.status, response=body, complete=answer.status == 200, finish_reasons=_finish_reasons(body)),
+        )
+        return response
+    return await _stream(request, ctx, answer, pipeline)
+
+
+async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline) -> web.StreamResponse:
+    chunks = answer.chunks
+    assert chunks is not None
+    assembler = StreamAssembler()
+    # The first chunk is awaited before any byte goes out, so a lane that fails at once
+    # (upstream error, overload) still gets a proper HTTP status instead of a 200 stream.
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await chunks.aclose()
+        raise
+    response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **answer_headers(ctx, answer.headers)})
+    outcome = Outcome(status=200, response=None, complete=False)
+    try:
+        await response.prepare(request)
+        if first is not None:
+            assembler.add(first)
+            await response.write(b"data: " + orjson.dumps(first) + b"\n\n")
+            async for chunk in chunks:
+                assembler.add(chunk)
+                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await response.write(DONE_FRAME)
+        outcome.complete = True
+    except GatewayError as exc:
+        outcome.status, outcome.error_code = exc.status, exc.code or exc.type
+        await _try_write(response, exc.sse_frame())
+    except (asyncio.CancelledError, *_CLIENT_GONE):
+        outcome.status, outcome.error_code = 499, "client_closed_request"
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else still ends the stream with one error event
+        log.exception("stream failed for request %s", ctx.request_id)
+        err = render_unexpected(exc)
+        outcome.status, outcome.error_code = err.status, err.code or err.type
+        await _try_write(response, err.sse_frame())
+    finally:
+        await chunks.aclose()
+        outcome.response = assembler.response() if assembler.chunks else None
+        outcome.finish_reasons = assembler.finish_reasons
+        ctx.attributes["tierlane.stream.completed_at"] = time.perf_counter()
+        pipeline.complete(ctx, outcome)
+    return response
+
+
+async def _try_write(response: web.StreamResponse, frame: bytes) -> None:
+    try:
+        await response.write(frame)
+    except _CLIENT_GONE:
+        pass

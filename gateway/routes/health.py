@@ -1,0 +1,30 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.keys import SERVICES
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    services = request.app.get(SERVICES)
+    checks: dict[str, object] = {}
+    ready = services is not None
+    if services is not None:
+        if services.pool.has_upstreams():
+            checks["upstreams"] = services.pool.status()
+            ready = ready and services.pool.healthy()
+        if services.engine is not None:
+            checks["edge"] = "loaded"
+    status = 200 if ready else 503
+    return web.json_response({"status": "ready" if ready else "not ready", "checks": checks}, status=status)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

@@ -1,0 +1,55 @@
+"""`tierlane serve` and `tierlane hash-key`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiohttp import web
+
+from gateway.auth import hash_key, new_key
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, dict[str, object]] = {}
+    if args.host:
+        overrides.setdefault("server", {})["host"] = args.host
+    if args.port is not None:
+        overrides.setdefault("server", {})["port"] = args.port
+    settings = Settings.load(args.config, overrides=overrides)
+    app = create_app(settings)
+    print(f"tierlane listening on http://{settings.server.host}:{settings.server.port}/v1", flush=True)
+    web.run_app(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        shutdown_timeout=settings.server.shutdown_timeout_s,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+    )
+    return 0
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    key = args.key or new_key()
+    if not args.key:
+        print(f"key:    {key}")
+    print(f"sha256: {hash_key(key)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML settings file (default: $TIERLANE_CONFIG or the embedded defaults)")
+    serve.add_argument("--host", help="listen address (overrides the settings)")
+    serve.add_argument("--port", type=int, help="listen port (overrides the settings)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+    hk = sub.add_parser("hash-key", help="make an API key (or hash a given one) for auth.keys in the settings")
+    hk.add_argument("key", nargs="?", help="an existing key to hash; omit to generate a new one")
+    hk.set_defaults(func=_hash_key)

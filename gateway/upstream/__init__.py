@@ -1,0 +1,1 @@
+"""The upstream pool: OpenAI-compatible servers behind balancing, retries, fallback and breakers."""

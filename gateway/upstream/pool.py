@@ -1,0 +1,341 @@
+"""Named upstreams grouped into pools: least-outstanding balancing, retries, fallback, breakers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.errors import (
+    GatewayError,
+    RateLimited,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from gateway.settings import PoolSettings, Settings, UpstreamSettings
+from gateway.upstream.breaker import CircuitBreaker
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 502, 503})
+HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "content-type", "accept-encoding", "content-encoding", "authorization", "api-key",
+        "x-api-key", "cookie", "expect",
+    }
+)
+
+
+def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's headers minus hop-by-hop, credentials and tierlane's own controls."""
+    named = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        low = name.lower()
+        if low in HOP_BY_HOP or low in named or low.startswith("x-tierlane-") or low == "cache-control":
+            continue
+        out[name] = value
+    return out
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(slots=True, eq=False)
+class Upstream:
+    """One OpenAI-compatible server and its connection pool."""
+
+    settings: UpstreamSettings
+    breaker: CircuitBreaker
+    session: aiohttp.ClientSession | None = None
+    inflight: int = 0
+    wildcard: bool = False
+    models: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def serves(self, model: str) -> bool:
+        return self.wildcard or model in self.models
+
+
+@dataclass(slots=True, eq=False)
+class UpstreamReply:
+    """An upstream's answer. For streams `response` is still open: call `release()` when done."""
+
+    upstream: Upstream
+    status: int
+    response: aiohttp.ClientResponse | None = None
+    body: Any = None
+    attempts: int = 1
+    _pool: UpstreamPool | None = None
+
+    def release(self, ok: bool = True, blame: bool | None = None) -> None:
+        """Give the connection back (`ok`) or drop it; `blame` counts a failure on the breaker."""
+        if self.response is not None:
+            self.response.release() if ok else self.response.close()
+            self.response = None
+        if self._pool is not None:
+            self._pool._finish(self.upstream, not (not ok if blame is None else blame))
+            self._pool = None
+
+
+class UpstreamPool:
+    """Every configured upstream, by pool; `send` picks one, retries and falls back."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._upstreams: list[Upstream] = []
+        self._by_pool: dict[str, list[Upstream]] = {}
+        for cfg in settings.upstreams:
+            upstream = Upstream(
+                settings=cfg,
+                breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
+                wildcard="*" in cfg.models,
+                models=frozenset(m for m in cfg.models if m != "*"),
+            )
+            self._upstreams.append(upstream)
+            self._by_pool.setdefault(cfg.pool, []).append(upstream)
+        self._pools: dict[str, PoolSettings] = {
+            name: settings.pools.get(name, PoolSettings()) for name in self._by_pool
+        }
+        for name, pool in settings.pools.items():
+            unknown = [f for f in pool.fallback if f not in self._by_pool]
+            if name in self._by_pool and unknown:
+                raise ValueError(f"pool {name!r} falls back to unknown pool(s) {unknown}")
+
+    async def start(self) -> None:
+        for upstream in self._upstreams:
+            cfg = upstream.settings
+            upstream.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=cfg.max_connections, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(
+                    total=cfg.total_timeout_s,
+                    sock_connect=cfg.connect_timeout_s,
+                    sock_read=cfg.read_timeout_s,
+                ),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+                auto_decompress=True,
+            )
+
+    async def close(self) -> None:
+        for upstream in self._upstreams:
+            if upstream.session is not None:
+                await upstream.session.close()
+                upstream.session = None
+
+    # -- what the rest of the gateway asks --------------------------------------------------
+    def has_upstreams(self) -> bool:
+        return bool(self._upstreams)
+
+    def pool_names(self) -> list[str]:
+        return list(self._by_pool)
+
+    def pool_for_model(self, model: str) -> str | None:
+        """The first pool with an upstream that names `model` explicitly, else one serving any."""
+        for name, members in self._by_pool.items():
+            if any(model in u.models for u in members):
+                return name
+        for name, members in self._by_pool.items():
+            if any(u.wildcard for u in members):
+                return name
+        return None
+
+    def model_names(self) -> list[str]:
+        return sorted({m for u in self._upstreams for m in u.models})
+
+    def healthy(self) -> bool:
+        return any(u.breaker.available() for u in self._upstreams)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {"name": u.name, "pool": u.settings.pool, "breaker": u.breaker.state, "inflight": u.inflight}
+            for u in self._upstreams
+        ]
+
+    # -- sending ---------------------------------------------------------------------------
+    def _chain(self, pool: str) -> list[str]:
+        chain, todo = [], [pool]
+        while todo:
+            name = todo.pop(0)
+            if name in chain or name not in self._by_pool:
+                continue
+            chain.append(name)
+            todo.extend(self._pools[name].fallback)
+        return chain
+
+    def _pick(self, members: Iterable[Upstream], model: str, tried: set[int]) -> Upstream | None:
+        candidates = [u for u in members if u.serves(model) and u.breaker.available()]
+        fresh = [u for u in candidates if id(u) not in tried] or candidates
+        if not fresh:
+            return None
+        least = min(u.inflight for u in fresh)
+        choice = random.choice([u for u in fresh if u.inflight == least])
+        return choice if choice.breaker.allow() else None
+
+    def _finish(self, upstream: Upstream, ok: bool) -> None:
+        upstream.inflight -= 1
+        if ok:
+            upstream.breaker.success()
+        else:
+            upstream.breaker.failure()
+
+    async def send(
+        self,
+        pool: str,
+        path: str,
+        body: dict[str, Any],
+        *,
+        headers: Mapping[str, str],
+        model: str,
+        stream: bool,
+        client_authorization: str | None = None,
+    ) -> UpstreamReply:
+        """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
+
+        A 2xx reply to a stream comes back with the response open; anything else is read whole.
+        """
+        payload = orjson.dumps(body)
+        last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
+        attempts = 0
+        for pool_name in self._chain(pool):
+            tried: set[int] = set()
+            members = self._by_pool[pool_name]
+            budget = 1 + max(u.settings.retries for u in members)
+            for attempt in range(budget):
+                upstream = self._pick(members, model, tried)
+                if upstream is None:
+                    break
+                tried.add(id(upstream))
+                attempts += 1
+                delay, error, reply = await self._attempt(
+                    upstream, path, payload, headers, stream, client_authorization
+                )
+                if reply is not None:
+                    reply.attempts = attempts
+                    return reply
+                assert error is not None
+                last_error = error
+                if delay is None or attempt + 1 >= budget:
+                    break
+                await asyncio.sleep(delay)
+        raise last_error
+
+    async def _attempt(
+        self,
+        upstream: Upstream,
+        path: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        stream: bool,
+        client_authorization: str | None,
+    ) -> tuple[float | None, GatewayError | None, UpstreamReply | None]:
+        """One try. Returns (retry delay or None, error, reply)."""
+        cfg = upstream.settings
+        assert upstream.session is not None, "UpstreamPool.start() was not awaited"
+        out_headers = dict(headers)
+        out_headers["Content-Type"] = "application/json"
+        if cfg.pass_client_auth and client_authorization:
+            out_headers["Authorization"] = client_authorization
+        elif cfg.api_key:
+            out_headers["Authorization"] = f"Bearer {cfg.api_key}"
+        upstream.inflight += 1
+        reply = UpstreamReply(upstream=upstream, status=0, _pool=self)
+        backoff = min(cfg.backoff_max_s, cfg.backoff_base_s * (2 ** random.random()))
+        try:
+            resp = await upstream.session.post(cfg.base_url + path, data=payload, headers=out_headers)
+        except asyncio.TimeoutError:
+            reply.release(ok=False)
+            return None, UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"), None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            reply.release(ok=False)
+            log.warning("upstream %s: connection failed: %s", upstream.name, exc)
+            return backoff, UpstreamUnavailable(f"upstream {upstream.name!r} is unreachable"), None
+        except BaseException:
+            reply.release(ok=False)
+            raise
+        reply.status = resp.status
+        if resp.status in RETRY_STATUSES:
+            wait = retry_after_seconds(resp.headers.get("Retry-After"))
+            error = await _error_from(resp, upstream, wait)
+            resp.release()
+            # 429 says "slow down", not "broken": it does not count against the breaker.
+            reply.release(ok=resp.status == 429)
+            if wait is not None and wait > cfg.max_retry_after_s:
+                return None, error, None
+            return max(backoff, wait or 0.0), error, None
+        if stream and 200 <= resp.status < 300:
+            reply.response = resp
+            return None, None, reply
+        try:
+            reply.body = await _read_json(resp, cfg.max_response_bytes)
+        except asyncio.TimeoutError:
+            resp.close()
+            reply.release(ok=False)
+            return None, UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"), None
+        except (aiohttp.ClientError, OSError):
+            resp.close()
+            reply.release(ok=False)
+            return None, UpstreamError(f"upstream {upstream.name!r} broke off its answer"), None
+        except GatewayError as exc:
+            resp.close()
+            reply.release(ok=False)
+            return None, exc, None
+        except BaseException:
+            resp.close()
+            reply.release(ok=False)
+            raise
+        reply.release(ok=resp.status < 500)
+        return None, None, reply
+
+
+async def _read_json(resp: aiohttp.ClientResponse, limit: int) -> Any:
+    length = resp.content_length
+    if length is not None and length > limit:
+        raise UpstreamError("the upstream answer exceeded the response size limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamError("the upstream answer exceeded the response size limit")
+        chunks.append(chunk)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError:
+        raise UpstreamError("the upstream sent malformed JSON") from None
+
+
+async def _error_from(resp: aiohttp.ClientResponse, upstream: Upstream, wait: float | None) -> GatewayError:
+    try:
+        raw = await resp.content.read(65536)
+        message = orjson.loads(raw).get("error", {}).get("message")
+    except Exception:  # noqa: BLE001 - any unreadable error body gets the generic message
+        message = None
+    detail = f": {message}" if message else ""
+    if resp.status == 429:
+        return RateLimited(f"upstream {upstream.name!r} is rate limited{detail}", retry_after=wait)
+    if resp.status == 503:
+        return UpstreamUnavailable(f"upstream {upstream.name!r} is unavailable{detail}", retry_after=wait)
+    return UpstreamError(f"upstream {upstream.name!r} answered {resp.status}{detail}")

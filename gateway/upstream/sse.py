@@ -1,0 +1,52 @@
+"""Reading an upstream's Server-Sent Events stream one event at a time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.errors import UpstreamError
+
+DONE = object()
+
+
+async def iter_events(content: aiohttp.StreamReader, max_bytes: int) -> AsyncIterator[Any]:
+    """Yield each `data:` payload decoded from JSON, then DONE on `[DONE]`.
+
+    Raises UpstreamError on malformed JSON, on an oversized stream, or on an error event.
+    """
+    total = 0
+    data: list[bytes] = []
+    async for raw in content:
+        total += len(raw)
+        if total > max_bytes:
+            raise UpstreamError("the upstream stream exceeded the response size limit")
+        line = raw.rstrip(b"\r\n")
+        if line:
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip(b" "))
+            continue
+        if not data:
+            continue
+        payload = b"\n".join(data)
+        data = []
+        if payload == b"[DONE]":
+            yield DONE
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise UpstreamError("the upstream sent a malformed stream event") from None
+        if isinstance(event, dict) and "error" in event and "choices" not in event:
+            err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
+            raise UpstreamError(f"the upstream failed mid-stream: {err.get('message', 'unknown error')}")
+        yield event
+    if data:
+        payload = b"\n".join(data)
+        if payload == b"[DONE]":
+            yield DONE
+            return
+    raise UpstreamError("the upstream stream ended before [DONE]", code="stream_cut")
