@@ -1,0 +1,70 @@
+"""`trim_request`: the passes run in order over a copy of a chat request, with what each removed."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from policies.trim.config import PASSES, TrimPolicy
+from policies.trim.messages import TokenCounter, validate_messages
+from policies.trim.passes import PASS_FUNCTIONS, Dropped, Item
+from policies.trim.report import TrimResult
+
+# Passes only ever shorten, so the rounds converge; two are almost always enough.
+_MAX_ROUNDS = 4
+
+
+def _enabled(policy: TrimPolicy) -> list[str]:
+    on = {
+        "whitespace": policy.whitespace,
+        "boilerplate": policy.boilerplate,
+        "duplicates": policy.duplicates,
+        "tool_output": policy.tool_output.enabled,
+        "history": policy.history_budget is not None,
+    }
+    return [name for name in PASSES if on[name]]
+
+
+def _pinned(msg: dict[str, Any], policy: TrimPolicy) -> bool:
+    return msg["role"] in policy.pin_roles or (isinstance(msg.get("name"), str) and msg["name"] in policy.pin_names)
+
+
+def trim_request(
+    body: dict[str, Any], policy: TrimPolicy, count_tokens: Callable[[str], int] | None = None
+) -> TrimResult:
+    """A trimmed copy of a chat request; the input is never mutated.
+
+    Raises `InvalidRequest` (with `param`) when the messages are malformed.
+    """
+    messages = validate_messages(body)
+    counter = TokenCounter.create(count_tokens, policy.message_overhead_tokens, policy.image_part_tokens)
+    new_body = copy.deepcopy(body)
+    source: list[dict[str, Any]] = new_body["messages"]
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    items = [Item(i, m, i == last_user or _pinned(m, policy)) for i, m in enumerate(source)]
+    input_tokens = counter.messages(source)
+    saved = {name: 0 for name in PASSES}
+    dropped: list[Dropped] = []
+    passes = _enabled(policy) if policy.enabled else []
+    for _ in range(_MAX_ROUNDS):
+        changed = False
+        for name in passes:
+            before = counter.messages([i.msg for i in items])
+            new_items, gone = PASS_FUNCTIONS[name](items, policy, counter)
+            if len(new_items) != len(items) or any(a is not b and a.msg is not b.msg for a, b in zip(new_items, items)):
+                changed = True
+                saved[name] += before - counter.messages([i.msg for i in new_items])
+                dropped.extend(gone)
+                items = new_items
+        if not changed:
+            break
+    new_body["messages"] = [i.msg for i in items]
+    return TrimResult(
+        body=new_body,
+        saved=saved,
+        input_tokens=input_tokens,
+        output_tokens=counter.messages(new_body["messages"]),
+        estimated=counter.estimated,
+        dropped=sorted(dropped, key=lambda d: d.index),
+    )

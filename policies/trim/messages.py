@@ -1,0 +1,137 @@
+"""Chat message shapes: validation, text access and token counting with the chat-format overhead."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SYSTEM_ROLES = frozenset({"system", "developer"})
+TOOL_ROLES = frozenset({"tool", "function"})
+
+# A rough BPE: a token per short word, punctuation mark, line break or run of spaces; long runs per 4 characters.
+_ESTIMATE_RE = re.compile(r"\w+|[^\w\s]|\s{2,}|\n")
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free count, close to BPE tokenizers on English prose and code."""
+    n = 0
+    for m in _ESTIMATE_RE.finditer(text):
+        n += max(1, (m.end() - m.start() + 3) // 4)
+    return n
+
+
+def validate_messages(body: Any) -> list[dict[str, Any]]:
+    """The request's messages, or an InvalidRequest naming the bad field."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the request body must be a JSON object", param=None)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("`messages` must be a non-empty array of message objects", param="messages")
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, Mapping):
+            raise InvalidRequest(f"`{where}` must be an object", param=where)
+        role = msg.get("role")
+        if role not in VALID_ROLES:
+            raise InvalidRequest(
+                f"`{where}.role` must be one of {sorted(VALID_ROLES)}, got {role!r}", param=f"{where}.role"
+            )
+        content = msg.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise InvalidRequest(
+                f"`{where}.content` must be a string, null or an array of content parts",
+                param=f"{where}.content",
+            )
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise InvalidRequest(
+                    f"`{where}.content[{j}]` must be an object with a `type`", param=f"{where}.content[{j}]"
+                )
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise InvalidRequest(
+                    f"`{where}.content[{j}].text` must be a string", param=f"{where}.content[{j}].text"
+                )
+    return messages  # type: ignore[return-value]
+
+
+def texts(msg: Mapping[str, Any]) -> list[str]:
+    """Every text the message carries (string content or text parts), in order."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if p.get("type") == "text"]
+    return []
+
+
+def map_texts(msg: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
+    """A copy of the message with `fn` applied to each text; other parts are shared untouched."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        new = fn(content)
+        return msg if new == content else {**msg, "content": new}
+    if isinstance(content, list):
+        parts = []
+        changed = False
+        for part in content:
+            if part.get("type") == "text":
+                new = fn(part["text"])
+                if new != part["text"]:
+                    part = {**part, "text": new}
+                    changed = True
+            parts.append(part)
+        return {**msg, "content": parts} if changed else msg
+    return msg
+
+
+@dataclass(slots=True)
+class TokenCounter:
+    """Counts prompt tokens per message, including the chat template's framing."""
+
+    count_text: Callable[[str], int]
+    estimated: bool
+    message_overhead: int = 4
+    image_part_tokens: int = 85
+    _memo: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls, count_tokens: Callable[[str], int] | None, message_overhead: int, image_part_tokens: int
+    ) -> TokenCounter:
+        if count_tokens is None:
+            return cls(estimate_tokens, True, message_overhead, image_part_tokens)
+        return cls(count_tokens, False, message_overhead, image_part_tokens)
+
+    def text(self, text: str) -> int:
+        if not text:
+            return 0
+        n = self._memo.get(text)
+        if n is None:
+            n = int(self.count_text(text))
+            self._memo[text] = n
+        return n
+
+    def message(self, msg: Mapping[str, Any]) -> int:
+        n = self.message_overhead + self.text(str(msg.get("role", "")))
+        n += sum(self.text(t) for t in texts(msg))
+        content = msg.get("content")
+        if isinstance(content, list):
+            n += self.image_part_tokens * sum(1 for p in content if p.get("type") != "text")
+        if isinstance(msg.get("name"), str):
+            n += self.text(msg["name"])
+        for key in ("tool_calls", "function_call"):
+            if msg.get(key):
+                n += self.text(orjson.dumps(msg[key]).decode())
+        return n
+
+    def messages(self, msgs: list[dict[str, Any]]) -> int:
+        return sum(self.message(m) for m in msgs)

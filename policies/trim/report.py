@@ -1,0 +1,62 @@
+"""What a trim did: tokens removed per pass, what was dropped, and a readable report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.trim.config import LOSSLESS_PASSES
+from policies.trim.passes import Dropped
+
+
+@dataclass(slots=True)
+class TrimResult:
+    """The trimmed request and the account of every token removed."""
+
+    body: dict[str, Any]
+    saved: dict[str, int]  # pass name -> tokens removed, every pass listed
+    input_tokens: int
+    output_tokens: int
+    estimated: bool  # True when counted without the lane's tokenizer
+    dropped: list[Dropped] = field(default_factory=list)
+
+    @property
+    def tokens_saved(self) -> int:
+        return sum(self.saved.values())
+
+    @property
+    def lossless_saved(self) -> int:
+        return sum(v for k, v in self.saved.items() if k in LOSSLESS_PASSES)
+
+    @property
+    def changed(self) -> bool:
+        return self.tokens_saved > 0 or bool(self.dropped)
+
+    def nonzero(self) -> dict[str, int]:
+        return {k: v for k, v in self.saved.items() if v}
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able account, for the CLI and logs (no prompt text)."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "tokens_saved": self.tokens_saved,
+            "lossless_saved": self.lossless_saved,
+            "estimated": self.estimated,
+            "saved_by_pass": dict(self.saved),
+            "dropped": [
+                {"index": d.index, "role": d.role, "tokens": d.tokens, "reason": d.reason} for d in self.dropped
+            ],
+        }
+
+    def render(self) -> str:
+        """A short table: one line per pass, then the dropped messages."""
+        unit = "tokens (estimated)" if self.estimated else "tokens"
+        lines = [f"trim: {self.input_tokens} -> {self.output_tokens} {unit}, saved {self.tokens_saved}"
+                 f" ({self.lossless_saved} by lossless passes)"]
+        for name, n in self.saved.items():
+            tag = "lossless" if name in LOSSLESS_PASSES else "budgeted"
+            lines.append(f"  {name:<12} {tag:<9} {n:>8}")
+        for d in self.dropped:
+            lines.append(f"  dropped messages[{d.index}] ({d.role}, {d.tokens} tokens): {d.reason}")
+        return "\n".join(lines)
