@@ -56,7 +56,7 @@ def _normalise_free(seg: str, at_line_start: bool, at_text_start: bool, at_text_
             lead = _LEADING.match(line).group() if line_start else ""  # type: ignore[union-attr]
             line = lead + _RUN.sub(" ", line[len(lead):])
         if i < last or at_text_end:
-            line = line.rstrip(" \t")
+            line = line.rstrip(" \t\r")
         out.append(line)
     seg = _BLANK_LINES.sub("\n\n", "\n".join(out))
     if at_text_start:

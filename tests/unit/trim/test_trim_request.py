@@ -1,0 +1,192 @@
+"""trim_request on hand-built conversations: what each pass removes and what it must leave alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import yaml
+
+from tests.unit.trim.builders import assistant, system, tool_call, tool_result, user
+from gateway.errors import InvalidRequest
+from policies.policy import Policy
+from policies.trim import TrimPolicy, TrimPolicyError, trim_request
+from policies.trim.text import normalise_whitespace
+
+CODE = "```python\ndef f(a,  b):\n\n\n    return  a   \n```"
+
+
+def _default() -> TrimPolicy:
+    return TrimPolicy.from_dict(Policy.load().resolve("trim"))
+
+
+def test_shipped_policy_parses_and_keeps_every_turn() -> None:
+    policy = _default()
+    assert policy.enabled and policy.history_budget is None
+
+
+def test_whitespace_outside_code_only(edge_count: Callable[[str], int]) -> None:
+    text = f"Fix   this:  \n\n\n\n{CODE}\n\nand   `x  =  1`   too.\n    indented   code  \n\n\n"
+    body = {"messages": [system(text), user("go")]}
+    out = trim_request(body, _default(), edge_count)
+    got = out.body["messages"][0]["content"]
+    assert got == f"Fix this:\n\n{CODE}\n\nand `x  =  1` too.\n    indented   code"
+    assert out.saved["whitespace"] == edge_count(text) - edge_count(got)
+    assert not out.estimated
+
+
+def test_pre_blocks_are_left_alone() -> None:
+    text = "see  <pre>a    b\n\n\n\nc</pre>  end"
+    assert normalise_whitespace(text) == "see <pre>a    b\n\n\n\nc</pre> end"
+
+
+def test_last_user_message_is_never_touched(edge_count: Callable[[str], int]) -> None:
+    last = "  what   about\n\n\n\nthis?  "
+    body = {"messages": [user("hi   there"), assistant("hello"), user(last)]}
+    out = trim_request(body, _default(), edge_count)
+    assert out.body["messages"][-1]["content"] == last
+    assert out.body["messages"][0]["content"] == "hi there"
+
+
+def test_repeated_system_prompt_and_retried_message_are_dropped(edge_count: Callable[[str], int]) -> None:
+    sp = "You are a careful assistant."
+    body = {"messages": [system(sp), user("q1"), user("q1"), assistant("a1"), system(sp), user("q2")]}
+    out = trim_request(body, _default(), edge_count)
+    assert [m["content"] for m in out.body["messages"]] == [sp, "q1", "a1", "q2"]
+    assert {d.index for d in out.dropped} == {2, 4}
+    assert out.saved["duplicates"] == out.tokens_saved > 0
+
+
+def test_retry_of_the_last_user_message_keeps_the_last_one() -> None:
+    body = {"messages": [user("same"), user("same")]}
+    out = trim_request(body, _default(), None)
+    assert out.body["messages"] == [user("same")]
+    assert [d.index for d in out.dropped] == [0]
+
+
+def test_repeated_lines_collapse_to_a_count(edge_count: Callable[[str], int]) -> None:
+    log = "start\n" + "WARN retrying connection to db-1\n" * 40 + "done"
+    body = {"messages": [user("run it"), tool_call("c1"), tool_result("c1", log), user("and?")]}
+    out = trim_request(body, _default(), edge_count)
+    got = out.body["messages"][2]["content"]
+    assert got == "start\nWARN retrying connection to db-1\n[previous line repeated 39 more times]\ndone"
+    assert out.saved["boilerplate"] > 0 and out.lossless_saved == out.tokens_saved
+
+
+def test_long_tool_output_keeps_head_and_tail(edge_count: Callable[[str], int]) -> None:
+    lines = "".join(f"row {i}: value={i * 7}\n" for i in range(3000))
+    policy = TrimPolicy.from_dict({"tool_output": {"max_tokens": 300, "head_tokens": 120, "tail_tokens": 80}})
+    body = {"messages": [user("q"), tool_call("c1"), tool_result("c1", lines), user("summarise")]}
+    out = trim_request(body, policy, edge_count)
+    got = out.body["messages"][2]["content"]
+    assert edge_count(got) <= 300
+    assert got.startswith("row 0: value=0\n") and got.endswith("row 2999: value=20993")
+    assert "tokens of tool output omitted by tierlane" in got
+    assert out.saved["tool_output"] > 0
+
+
+def test_history_window_keeps_system_first_and_recent_turns(edge_count: Callable[[str], int]) -> None:
+    msgs = [system("Be brief."), user("first question")]
+    for i in range(30):
+        msgs += [assistant(f"answer number {i} " * 10), user(f"follow-up number {i}")]
+    body = {"messages": msgs}
+    policy = TrimPolicy.from_dict({"history": {"max_tokens": 300}})
+    out = trim_request(body, policy, edge_count)
+    got = out.body["messages"]
+    assert got[0] == msgs[0] and got[1] == msgs[1] and got[-1] == msgs[-1]
+    assert out.output_tokens <= 300
+    assert out.saved["history"] > 0 and out.dropped
+    kept = [i for i in range(len(msgs)) if i not in {d.index for d in out.dropped}]
+    # Dropped ones are the oldest middle turns: what remains after the first user is a contiguous tail.
+    assert kept[2:] == list(range(kept[2], len(msgs)))
+    assert got[2]["role"] == "user"
+
+
+def test_history_marker_says_what_was_dropped(edge_count: Callable[[str], int]) -> None:
+    msgs = [user("first")] + [m for i in range(20) for m in (assistant(f"reply {i} " * 20), user(f"q{i}"))]
+    policy = TrimPolicy.from_dict({"history": {"max_tokens": 200, "marker": True}})
+    out = trim_request({"messages": msgs}, policy, edge_count)
+    marker = out.body["messages"][1]
+    assert marker["role"] == "system"
+    assert f"{len(out.dropped)} earlier messages" in marker["content"]
+    assert out.output_tokens <= 200
+
+
+def test_history_never_splits_a_tool_call_from_its_result(edge_count: Callable[[str], int]) -> None:
+    msgs = [user("first")]
+    for i in range(15):
+        msgs += [user(f"look up item {i}"), tool_call(f"c{i}"), tool_result(f"c{i}", f"item {i} is " + "blue " * 30),
+                 assistant(f"item {i} is blue")]
+    msgs.append(user("thanks"))
+    out = trim_request({"messages": msgs}, TrimPolicy.from_dict({"history": {"max_tokens": 400}}), edge_count)
+    calls = {c["id"] for m in out.body["messages"] for c in m.get("tool_calls") or []}
+    results = {m["tool_call_id"] for m in out.body["messages"] if m["role"] == "tool"}
+    assert calls == results and calls and len(calls) < 15
+
+
+def test_pinned_messages_survive_the_window(edge_count: Callable[[str], int]) -> None:
+    msgs = [user("first")]
+    for i in range(20):
+        msgs += [assistant(f"reply {i} " * 20), user(f"q{i}")]
+    msgs[5] = {"role": "assistant", "name": "facts", "content": "the   account id is 7"}
+    policy = TrimPolicy.from_dict({"history": {"max_tokens": 200}, "pin": {"names": ["facts"]}})
+    out = trim_request({"messages": msgs}, policy, edge_count)
+    assert msgs[5] in out.body["messages"]
+    assert 5 not in {d.index for d in out.dropped}
+
+
+def test_content_parts_and_images(edge_count: Callable[[str], int]) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [user([{"type": "text", "text": "look   at  this  "}, image]), assistant("ok"), user("and?")]}
+    out = trim_request(body, _default(), edge_count)
+    parts = out.body["messages"][0]["content"]
+    assert parts == [{"type": "text", "text": "look at this"}, image]
+    assert parts[1] is not image  # a copy: later stages may rewrite the body freely
+
+
+def test_disabled_policy_changes_nothing() -> None:
+    body = {"messages": [system("a   b"), system("a   b"), user("c")]}
+    out = trim_request(body, TrimPolicy.from_dict({"enabled": False}), None)
+    assert out.body == body and out.tokens_saved == 0 and not out.dropped
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": "hi"}, "messages"),
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [1]}, "messages[0]"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content[0].text"),
+    ],
+)
+def test_bad_messages_are_invalid_requests(body: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        trim_request(body, _default(), None)
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"histroy": {}},
+        {"history": {"max_tokens": "lots"}},
+        {"history": {"max_tokens": 0}},
+        {"tool_output": {"max_tokens": 100, "head_tokens": 60, "tail_tokens": 30}},
+        {"pin": {"roles": "system"}},
+        {"whitespace": {"enabled": "yes"}},
+    ],
+)
+def test_bad_policy_sections_are_rejected(section: dict) -> None:
+    with pytest.raises(TrimPolicyError):
+        TrimPolicy.from_dict(section)
+
+
+def test_policy_overrides_resolve_per_route() -> None:
+    policy = Policy.load(extra=yaml.safe_load(
+        "trim: {overrides: [{match: {model: small}, set: {history: {max_tokens: 512}}}]}"))
+    assert TrimPolicy.from_dict(policy.resolve("trim", model="small")).history_budget == 512
+    assert TrimPolicy.from_dict(policy.resolve("trim", model="big")).history_budget is None
