@@ -1,0 +1,114 @@
+"""The trim pipeline stage over a real RequestContext and the shipped policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.context import Principal, RequestContext
+from gateway.pipeline.trim import INLINE_MAX_CHARS, build
+from gateway.services import Services
+from gateway.settings import Settings
+from policies.policy import Policy
+from policies.trim import TrimPolicyError
+from tests.unit.trim.builders import assistant, system, user
+
+
+@dataclass
+class EdgeTokenizer:
+    """The part of the edge engine the stage uses, backed by the real SmolLM2 vocabulary."""
+
+    count_tokens: Callable[[str], int]
+
+
+def _services(policy: Policy | None = None, engine: Any = None) -> Services:
+    return Services(settings=Settings.load(env={}), policy=policy or Policy.load(), pool=None, engine=engine)  # type: ignore[arg-type]
+
+
+def _ctx(messages: list[dict[str, Any]], *, headers: dict[str, str] | None = None,
+         operation: str = "chat", tenant: str = "t1", model: str = "m") -> RequestContext:
+    return RequestContext(
+        request_id="r1", operation=operation, body={"model": model, "messages": messages},  # type: ignore[arg-type]
+        headers=headers or {}, principal=Principal(tenant=tenant, app="a"), model=model,
+    )
+
+
+MESSAGES = [system("Be   brief.  "), system("Be   brief.  "), user("hi  there"), assistant("hello"), user("last  one ")]
+
+
+async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Callable[[str], int]) -> None:
+    stage = build(_services(engine=EdgeTokenizer(edge_count)))
+    assert stage is not None and stage.name == "trim"
+    ctx = _ctx([dict(m) for m in MESSAGES])
+    assert await stage.run(ctx) is None
+    assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi there", "hello", "last  one "]
+    total = sum(ctx.trim_saved.values())
+    assert total > 0 and set(ctx.trim_saved) == {"whitespace", "duplicates"}
+    assert ctx.attributes["tierlane.trim.tokens_saved"] == total
+    assert ctx.attributes["x-tierlane-trim"] == f"applied;saved={total}"
+    assert ctx.attributes["tierlane.trim.estimated"] is False
+
+
+async def test_without_an_engine_the_count_is_an_estimate() -> None:
+    stage = build(_services())
+    ctx = _ctx([dict(m) for m in MESSAGES])
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.attributes["x-tierlane-trim"].endswith(";estimated")
+    assert ctx.attributes["tierlane.trim.estimated"] is True
+
+
+@pytest.mark.parametrize("value", ["off", "OFF", " off "])
+async def test_header_turns_it_off_for_one_request(value: str) -> None:
+    stage = build(_services())
+    messages = [dict(m) for m in MESSAGES]
+    ctx = _ctx(messages, headers={"x-tierlane-trim": value})
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.body["messages"] == MESSAGES and ctx.trim_saved == {}
+    assert ctx.attributes["x-tierlane-trim"] == "off"
+
+
+async def test_only_chat_is_trimmed() -> None:
+    stage = build(_services())
+    ctx = _ctx([dict(m) for m in MESSAGES], operation="completions")
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.body["messages"] == MESSAGES and "x-tierlane-trim" not in ctx.attributes
+
+
+async def test_nothing_to_trim_says_none() -> None:
+    stage = build(_services())
+    ctx = _ctx([user("a"), assistant("b"), user("c")])
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.attributes["x-tierlane-trim"] == "none" and ctx.trim_saved == {}
+
+
+async def test_policy_switches_it_off_per_tenant() -> None:
+    policy = Policy.load(extra=yaml.safe_load("trim: {overrides: [{match: {tenant: quiet}, set: {enabled: false}}]}"))
+    stage = build(_services(policy))
+    off = _ctx([dict(m) for m in MESSAGES], tenant="quiet")
+    on = _ctx([dict(m) for m in MESSAGES], tenant="loud")
+    await stage.run(off)  # type: ignore[union-attr]
+    await stage.run(on)  # type: ignore[union-attr]
+    assert off.attributes["x-tierlane-trim"] == "off" and off.body["messages"] == MESSAGES
+    assert on.attributes["x-tierlane-trim"].startswith("applied")
+
+
+async def test_large_bodies_trim_off_the_loop_with_the_same_result(edge_count: Callable[[str], int]) -> None:
+    stage = build(_services(engine=EdgeTokenizer(edge_count)))
+    big = "word  " * (INLINE_MAX_CHARS // 4)
+    ctx = _ctx([user(big), assistant("ok"), user("q")])
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.body["messages"][0]["content"] == big.rstrip().replace("  ", " ")
+
+
+def test_switched_off_everywhere_builds_nothing() -> None:
+    assert build(_services(Policy.load(extra={"trim": {"enabled": False}}))) is None
+
+
+def test_a_bad_override_fails_at_start_up() -> None:
+    policy = Policy.load(extra=yaml.safe_load("trim: {overrides: [{match: {app: x}, set: {history: {max_tokens: -1}}}]}"))
+    with pytest.raises(TrimPolicyError):
+        build(_services(policy))
