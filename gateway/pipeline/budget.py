@@ -1,0 +1,32 @@
+"""Budget stage: rate limits and spend budgets are checked and counted before any upstream work."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.context import Answer, RequestContext
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+    from telemetry import Telemetry
+
+
+class BudgetStage:
+    """Raises RateLimited / BudgetExceeded (429 with Retry-After) when the caller is over a limit."""
+
+    name = "budget"
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
+    async def run(self, ctx: RequestContext) -> Answer | None:
+        self._telemetry.admit(ctx)
+        return None
+
+
+def build(services: Services) -> BudgetStage | None:
+    """None when there is no telemetry or its budgets are off (metering off switches them off too)."""
+    telemetry = services.telemetry
+    if telemetry is None or not telemetry.budgets.enabled:
+        return None
+    return BudgetStage(telemetry)

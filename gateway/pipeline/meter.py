@@ -1,0 +1,36 @@
+"""Meter hook: usage, cost and savings of a finished request into the ledger, metrics and spans."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.context import Outcome, RequestContext
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+    from telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class MeterHook:
+    """Runs after the client has its answer; never raises."""
+
+    name = "meter"
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
+    async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
+        try:
+            await self._telemetry.meter(ctx, outcome)
+        except Exception:  # noqa: BLE001 - metering must never break the request path
+            log.exception("metering failed for request %s", ctx.request_id)
+
+
+def build(services: Services) -> MeterHook | None:
+    telemetry = services.telemetry
+    if telemetry is None or not telemetry.config.metering:
+        return None
+    return MeterHook(telemetry)

@@ -1,0 +1,44 @@
+"""What the telemetry is configured with, taken from the gateway settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from telemetry.ledger import DEFAULT_COMMIT_WINDOW_S
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class TelemetryConfig:
+    """Switches and label lists for tracing, metrics and metering (the ledger and budgets)."""
+
+    state_dir: Path
+    service_name: str = "tierlane"
+    tenants: tuple[str, ...] = ()  # tenant label values allowed on metrics; others are "other"
+    apps: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()  # model label values allowed besides the priced models
+    tracing: bool = True
+    metrics: bool = True
+    metering: bool = True  # ledger rows, cost, budgets
+    record_content: bool = False  # prompt and answer text on spans: only when the operator opts in
+    commit_window_s: float = DEFAULT_COMMIT_WINDOW_S
+    upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream lane
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> TelemetryConfig:
+        """From `gateway.settings.Settings`."""
+        t = settings.telemetry
+        edge = getattr(settings, "edge", None)
+        models = (edge.model_name, *edge.aliases) if edge is not None else ()
+        return cls(
+            state_dir=Path(settings.state_dir),
+            service_name=t.service_name,
+            tenants=tuple(t.tenants),
+            apps=tuple(t.apps),
+            models=tuple(models),
+            tracing=t.tracing,
+            metrics=t.metrics,
+            metering=getattr(t, "metering", True),
+            record_content=t.record_content,
+        )

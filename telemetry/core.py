@@ -1,0 +1,283 @@
+"""The Telemetry facade the gateway holds: spans, metering, budgets, ledger and metrics in one object."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from gateway.context import Outcome, RequestContext, Usage
+from gateway.errors import GatewayError, RateLimited
+from policies.budgets import Budgets, SpendRow
+from policies.policy import Policy
+from policies.pricing import Pricing
+from telemetry import attributes as a
+from telemetry.attributes import LabelBounds
+from telemetry.billing import Bill, compute_bill
+from telemetry.config import TelemetryConfig
+from telemetry.ledger import FILENAME, Ledger, LedgerRow
+from telemetry.metrics import Measurement, OtelMetrics
+from telemetry.prometheus import PromMetrics
+from telemetry.setup import build_providers
+from telemetry.spans import ModelSpan, NoopSpan, ServerSpan, Spans, StageSpan
+from telemetry.tokens import (
+    TokenCount,
+    chunk_tokens,
+    estimate_request_tokens,
+    heuristic_count,
+    load_local_tokenizer,
+    resolve_usage,
+)
+from telemetry.usage import UsageQuery, run_query
+
+log = logging.getLogger(__name__)
+
+
+class Telemetry:
+    """Built once by `create_app`; `start()` opens the ledger, `close()` flushes everything."""
+
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        policy: Policy,
+        *,
+        env: Mapping[str, str] | None = None,
+        span_exporter: SpanExporter | None = None,
+        metric_reader: MetricReader | None = None,
+        token_count: TokenCount | None = None,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.pricing = Pricing.from_policy(policy)
+        self.budgets = Budgets(policy, self.pricing, monotonic=monotonic, wall=wall)
+        self.budgets.enabled = self.budgets.enabled and config.metering
+        self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s)
+        self.bounds = LabelBounds(config.tenants, config.apps, {*self.pricing.known, *config.models})
+        self._providers = build_providers(
+            config.service_name,
+            tracing=config.tracing,
+            metrics=config.metrics,
+            env=os.environ if env is None else env,
+            span_exporter=span_exporter,
+            metric_reader=metric_reader,
+        )
+        tp, mp = self._providers.tracer_provider, self._providers.meter_provider
+        self.spans = Spans(
+            tp.get_tracer("tierlane") if tp is not None else None,
+            record_content=config.record_content,
+            upstream_provider=config.upstream_provider,
+        )
+        self.otel = OtelMetrics(mp.get_meter("tierlane")) if mp is not None else None
+        self.prometheus = PromMetrics(ledger_pending=self.ledger.pending) if config.metrics else None
+        self._count: TokenCount = token_count or heuristic_count
+        self._load_tokenizer = token_count is None
+        self._wall = wall
+        self._error_codes = known_error_codes()
+        self._started = False
+
+    async def start(self) -> None:
+        """Open the ledger, load the local tokenizer and restore this month's spend into the budgets."""
+        if self._started or not self.config.metering:
+            return
+        if self._load_tokenizer:
+            self._count = await asyncio.to_thread(load_local_tokenizer)
+        await asyncio.to_thread(self.ledger.start)
+        self.budgets.restore(await asyncio.to_thread(self._month_spend))
+        self._started = True
+
+    async def close(self) -> None:
+        """Commit every ledger row and export every pending span; safe to call twice."""
+        if self._started:
+            await asyncio.to_thread(self.ledger.close)
+            self._started = False
+        await asyncio.to_thread(self._providers.shutdown)
+
+    # Spans ------------------------------------------------------------------------------
+
+    def server_span(self, request: Any) -> ServerSpan | NoopSpan:
+        return self.spans.server_span(request)
+
+    def stage_span(self, ctx: RequestContext, name: str) -> StageSpan | NoopSpan:
+        return self.spans.stage_span(ctx, name)
+
+    def model_span(self, ctx: RequestContext) -> ModelSpan | NoopSpan:
+        return self.spans.model_span(ctx)
+
+    # Budgets ----------------------------------------------------------------------------
+
+    def admit(self, ctx: RequestContext) -> None:
+        """Count the request against its limits or raise RateLimited / BudgetExceeded (a 429)."""
+        if not self.budgets.enabled:
+            return
+        try:
+            self.budgets.admit(ctx, estimate_request_tokens(ctx.body))
+        except RateLimited as exc:
+            tenant, app = self.bounds.tenant(ctx.principal.tenant), self.bounds.app(ctx.principal.app)
+            code = exc.code or "rate_limit_exceeded"
+            if self.otel is not None:
+                self.otel.rejected(tenant, app, code)
+            if self.prometheus is not None:
+                self.prometheus.rejected(tenant, app, code)
+            raise
+
+    def charge_stream(self, ctx: RequestContext, tokens: int) -> bool:
+        """Charge tokens a stream just produced; False: over a limit, end the stream with an error."""
+        return self.budgets.charge_stream(ctx, tokens)
+
+    def charge_chunk(self, ctx: RequestContext, chunk: Mapping[str, Any]) -> None:
+        """Charge the tokens of one streamed chunk; raises RateLimited/BudgetExceeded to end the stream."""
+        if not self.budgets.enabled:
+            return
+        breach = self.budgets.stream_breach(ctx, chunk_tokens(chunk))
+        if breach is not None:
+            raise breach
+
+    # Metering ---------------------------------------------------------------------------
+
+    async def meter(self, ctx: RequestContext, outcome: Outcome) -> Bill | None:
+        """Cost, savings, ledger row, metrics and span attributes of one finished request."""
+        if not self.config.metering:
+            return None
+        ended = time.perf_counter()
+        usage = await resolve_usage(ctx, outcome, self._count)
+        bill = compute_bill(ctx, usage, self.pricing)
+        self.budgets.settle(ctx, usage.input_tokens + usage.output_tokens, bill.cost)
+        latency = max(0.0, ended - ctx.received_at)
+        ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
+        self.ledger.append(self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency))
+        if self.otel is not None or self.prometheus is not None:
+            measurement = self._measurement(ctx, outcome, usage, bill, latency, ttft)
+            if self.otel is not None:
+                self.otel.record(measurement)
+            if self.prometheus is not None:
+                self.prometheus.record(measurement)
+        self.spans.annotate(
+            ctx,
+            {
+                a.COST: bill.cost,
+                a.SAVED: bill.saved,
+                a.SAVED_CACHE: bill.saved_cache,
+                a.SAVED_EDGE: bill.saved_edge,
+                a.SAVED_TRIM: bill.saved_trim,
+                a.USAGE_ESTIMATED: usage.estimated,
+            },
+        )
+        return bill
+
+    def _row(
+        self,
+        ctx: RequestContext,
+        outcome: Outcome,
+        usage: Usage,
+        bill: Bill,
+        latency: float,
+        ttft: float | None,
+        started: float,
+    ) -> LedgerRow:
+        return LedgerRow(
+            request_id=ctx.request_id,
+            ts=started,
+            tenant=ctx.principal.tenant,
+            app=ctx.principal.app,
+            lane=ctx.lane,
+            model=ctx.target_model or ctx.model,
+            requested_model=ctx.model,
+            operation=ctx.operation,
+            stream=ctx.stream,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            estimated=usage.estimated,
+            trimmed_tokens=bill.trimmed_tokens,
+            cost=bill.cost,
+            saved_cache=bill.saved_cache,
+            saved_edge=bill.saved_edge,
+            saved_trim=bill.saved_trim,
+            status=outcome.status,
+            complete=outcome.complete,
+            error_code=outcome.error_code,
+            latency_ms=latency * 1000.0,
+            ttft_ms=None if ttft is None else ttft * 1000.0,
+            cache_status=ctx.cache_status,
+            route_score=ctx.route.score if ctx.route is not None else None,
+        )
+
+    def _measurement(
+        self, ctx: RequestContext, outcome: Outcome, usage: Usage, bill: Bill, latency: float, ttft: float | None
+    ) -> Measurement:
+        bounds = self.bounds
+        response_model = (outcome.response or {}).get("model") if isinstance(outcome.response, dict) else None
+        request_model = bounds.model(ctx.target_model or ctx.model)
+        called = ctx.lane in ("edge", "upstream") and (
+            ctx.lane_seconds > 0 or ctx.first_token_at is not None or usage.input_tokens + usage.output_tokens > 0
+        )
+        error = outcome.error_code or (bounds.status_class(outcome.status) if outcome.status >= 400 else None)
+        return Measurement(
+            operation=a.OPERATION_NAMES.get(ctx.operation, ctx.operation),
+            provider="llama.cpp" if ctx.lane == "edge" else self.config.upstream_provider,
+            request_model=request_model,
+            response_model=bounds.model(response_model) if response_model else request_model,
+            tenant=bounds.tenant(ctx.principal.tenant),
+            app=bounds.app(ctx.principal.app),
+            lane=bounds.lane(ctx.lane),
+            cache_status=ctx.cache_status if ctx.cache_status in ("hit", "miss", "bypass", "off") else a.OTHER,
+            status_class=bounds.status_class(outcome.status),
+            error_type=None if error is None else self._bounded_error(error),
+            model_called=called,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            model_seconds=ctx.lane_seconds,
+            latency_s=latency,
+            ttft_s=ttft,
+            cost=bill.cost,
+            saved=bill.saved_by_reason(),
+        )
+
+    def _bounded_error(self, code: str) -> str:
+        # An upstream may pass any code through; only the gateway's own codes become labels.
+        return code if code in self._error_codes or code.endswith("xx") else a.OTHER
+
+    # Reports ----------------------------------------------------------------------------
+
+    async def usage(self, query: UsageQuery) -> list[dict[str, Any]]:
+        """Ledger totals for a query, including rows appended a moment ago."""
+        if self._started:
+            await asyncio.to_thread(self.ledger.flush)
+        return await asyncio.to_thread(run_query, self.ledger, query)
+
+    def render_metrics(self) -> bytes:
+        return self.prometheus.render() if self.prometheus is not None else b""
+
+    def _month_spend(self) -> list[SpendRow]:
+        month_start = time.strftime("%Y-%m-01", time.gmtime(self._wall()))
+        rows = self.ledger.read(
+            "SELECT tenant, app, day, SUM(cost) AS cost FROM requests WHERE day >= ? GROUP BY tenant, app, day",
+            (month_start,),
+        )
+        return [SpendRow(tenant=r["tenant"], app=r["app"], day=r["day"], cost=float(r["cost"] or 0.0)) for r in rows]
+
+
+async def build_telemetry(settings: Any, policy: Policy) -> Telemetry:
+    """The gateway component builder: a started Telemetry from `gateway.settings.Settings`."""
+    telemetry = Telemetry(TelemetryConfig.from_settings(settings), policy)
+    await telemetry.start()
+    return telemetry
+
+
+def known_error_codes() -> frozenset[str]:
+    """The codes of the gateway's own error tree: the only error labels metrics carry."""
+    codes: set[str] = set()
+    pending: list[type[GatewayError]] = [GatewayError]
+    while pending:
+        cls = pending.pop()
+        codes.update(c for c in (cls.code, cls.type) if c)
+        pending.extend(cls.__subclasses__())
+    return frozenset(codes)

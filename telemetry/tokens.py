@@ -1,0 +1,148 @@
+"""Token counts for requests whose lane reported none: prompt/answer text and a local tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.context import Outcome, RequestContext, Usage
+
+log = logging.getLogger(__name__)
+
+# OpenAI's chat format adds a few tokens per message (role, separators) and primes the reply.
+PER_MESSAGE_TOKENS = 4
+REPLY_PRIMING_TOKENS = 3
+# Texts longer than this are tokenized on a worker thread instead of the event loop.
+INLINE_CHARS = 2_000
+
+TokenCount = Callable[[str], int]
+
+
+def heuristic_count(text: str) -> int:
+    """About four characters per token for English; the fallback when no tokenizer is at hand."""
+    return (len(text) + 3) // 4
+
+
+def load_local_tokenizer(path: Path | None = None) -> TokenCount:
+    """The bundled embedder's tokenizer (no special tokens), or the heuristic when it is missing."""
+    try:
+        from tokenizers import Tokenizer
+
+        if path is None:
+            from policies.embedder import bundled_model_path
+
+            path = bundled_model_path() / "tokenizer.json"
+        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer.no_truncation()
+    except Exception as exc:  # a missing model package must not stop metering
+        log.warning("local tokenizer unavailable, estimating tokens from characters: %s", exc)
+        return heuristic_count
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    return count
+
+
+def _content_texts(content: Any) -> Iterator[str]:
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                yield part["text"]
+            elif isinstance(part, str):
+                yield part
+
+
+def prompt_texts(body: Mapping[str, Any]) -> tuple[list[str], int]:
+    """The texts a request sends to the model, and the number of chat messages among them."""
+    texts: list[str] = []
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, Mapping):
+                texts.extend(_content_texts(message.get("content")))
+        return texts, len(messages)
+    for key in ("prompt", "input"):
+        value = body.get(key)
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, list):
+            texts.extend(v for v in value if isinstance(v, str))
+    return texts, 0
+
+
+def answer_texts(response: Mapping[str, Any] | None) -> list[str]:
+    """The generated texts of a chat or text completion response."""
+    if not response:
+        return []
+    texts: list[str] = []
+    for choice in response.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        if isinstance(choice.get("text"), str):
+            texts.append(choice["text"])
+        message = choice.get("message")
+        if isinstance(message, Mapping):
+            texts.extend(_content_texts(message.get("content")))
+            for call in message.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, Mapping) else None
+                if isinstance(fn, Mapping):
+                    texts.append(f"{fn.get('name') or ''}{fn.get('arguments') or ''}")
+    return texts
+
+
+def chunk_tokens(chunk: Mapping[str, Any]) -> int:
+    """Tokens a streamed chunk carries (about one per chunk; at least one when it has text)."""
+    total = 0
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        delta = choice.get("delta")
+        texts = list(_content_texts(choice.get("text")))
+        if isinstance(delta, Mapping):
+            texts.extend(_content_texts(delta.get("content")))
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, Mapping) else None
+                if isinstance(fn, Mapping):
+                    texts.append(f"{fn.get('name') or ''}{fn.get('arguments') or ''}")
+        chars = sum(len(t) for t in texts)
+        if chars:
+            total += max(1, (chars + 3) // 4)
+    return total
+
+
+def estimate_request_tokens(body: Mapping[str, Any]) -> int:
+    """A cheap upper-ish guess of a request's input tokens, for admission before any work."""
+    texts, messages = prompt_texts(body)
+    return sum(heuristic_count(t) for t in texts) + messages * PER_MESSAGE_TOKENS
+
+
+def _estimate(count: TokenCount, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
+    texts, messages = prompt_texts(body)
+    input_tokens = sum(count(t) for t in texts)
+    if messages:
+        input_tokens += messages * PER_MESSAGE_TOKENS + REPLY_PRIMING_TOKENS
+    output_tokens = sum(count(t) for t in answer_texts(response))
+    return Usage(input_tokens=input_tokens, output_tokens=output_tokens, estimated=True)
+
+
+async def resolve_usage(ctx: RequestContext, outcome: Outcome, count: TokenCount) -> Usage:
+    """The lane's own usage when it reported one, else a local estimate marked `estimated`."""
+    if ctx.usage is not None:
+        return ctx.usage
+    response = outcome.response
+    if isinstance(response, Mapping):
+        reported = Usage.from_openai(response.get("usage"))
+        if reported is not None:
+            return reported
+    if response is None and (outcome.status >= 400 or ctx.first_token_at is None):
+        return Usage()  # nothing was generated, and a refused request is not billed
+    chars = sum(len(t) for t in prompt_texts(ctx.body)[0]) + sum(len(t) for t in answer_texts(response))
+    if chars > INLINE_CHARS:
+        return await asyncio.to_thread(_estimate, count, ctx.body, response)
+    return _estimate(count, ctx.body, response)

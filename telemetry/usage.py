@@ -1,0 +1,185 @@
+"""Usage reports over the ledger: parse a query, total it in SQL, render JSON, CSV or a text table."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from telemetry.ledger import Ledger
+
+GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
+FILTER_KEYS = ("tenant", "app", "model", "lane")
+DEFAULT_DAYS = 30
+
+# Output column -> SQL aggregate; group keys come first in every row.
+MEASURES: dict[str, str] = {
+    "requests": "COUNT(*)",
+    "errors": "SUM(status >= 400)",
+    "input_tokens": "SUM(input_tokens)",
+    "output_tokens": "SUM(output_tokens)",
+    "cached_input_tokens": "SUM(cached_input_tokens)",
+    "trimmed_tokens": "SUM(trimmed_tokens)",
+    "estimated_requests": "SUM(estimated)",
+    "cost_usd": "SUM(cost)",
+    "saved_usd": "SUM(saved_cache + saved_edge + saved_trim)",
+    "saved_cache_usd": "SUM(saved_cache)",
+    "saved_edge_usd": "SUM(saved_edge)",
+    "saved_trim_usd": "SUM(saved_trim)",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class UsageQuery:
+    """Totals over [start, end) grouped by some of GROUP_KEYS, optionally filtered."""
+
+    start: float
+    end: float
+    group_by: tuple[str, ...] = ()
+    filters: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any], *, now: float | None = None) -> UsageQuery:
+        """From HTTP query or CLI parameters; raises InvalidRequest naming the bad parameter."""
+        now = time.time() if now is None else now
+        group_by: list[str] = []
+        for raw in _all(params, "group_by"):
+            for key in (k.strip() for k in raw.split(",")):
+                if not key:
+                    continue
+                if key not in GROUP_KEYS:
+                    raise InvalidRequest(
+                        f"cannot group by {key!r}; choose from {', '.join(GROUP_KEYS)}", param="group_by"
+                    )
+                if key not in group_by:
+                    group_by.append(key)
+        end = _time(params.get("to"), "to", end_of_day=True) if params.get("to") else now
+        start = (
+            _time(params.get("from"), "from", end_of_day=False)
+            if params.get("from")
+            else end - DEFAULT_DAYS * 86400.0
+        )
+        if start >= end:
+            raise InvalidRequest("`from` must be earlier than `to`", param="from")
+        filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k)}
+        return cls(start=start, end=end, group_by=tuple(group_by), filters=filters)
+
+    def sql(self) -> tuple[str, list[Any]]:
+        keys = ", ".join(self.group_by)
+        measures = ", ".join(f"{expr} AS {name}" for name, expr in MEASURES.items())
+        where = ["ts >= ?", "ts < ?"]
+        params: list[Any] = [self.start, self.end]
+        for key, value in self.filters.items():
+            where.append(f"{key} = ?")
+            params.append(value)
+        sql = f"SELECT {keys + ', ' if keys else ''}{measures} FROM requests WHERE {' AND '.join(where)}"
+        if keys:
+            sql += f" GROUP BY {keys} ORDER BY {keys}"
+        return sql, params
+
+
+def _all(params: Mapping[str, Any], key: str) -> list[str]:
+    getall = getattr(params, "getall", None)
+    if getall is not None:
+        return [str(v) for v in getall(key, [])]
+    value = params.get(key)
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def _time(raw: Any, param: str, *, end_of_day: bool) -> float:
+    """Unix seconds, an ISO date (a `to` date includes that whole day) or an ISO datetime (UTC if naive)."""
+    text = str(raw).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        if len(text) == 10:
+            day = dt.date.fromisoformat(text)
+            moment = dt.datetime.combine(day, dt.time(), dt.UTC)
+            return (moment + dt.timedelta(days=1 if end_of_day else 0)).timestamp()
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(
+            f"`{param}` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param=param
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def run_query(ledger: Ledger, query: UsageQuery) -> list[dict[str, Any]]:
+    """Blocking: run it on a worker thread."""
+    sql, params = query.sql()
+    rows = []
+    for row in ledger.read(sql, params):
+        item = {key: row[key] for key in query.group_by}
+        for name in MEASURES:
+            value = row[name]
+            item[name] = round(value or 0.0, 9) if name.endswith("_usd") else int(value or 0)
+        if item["requests"]:
+            rows.append(item)
+    return rows
+
+
+def report(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON body of GET /v1/usage."""
+    total = {name: 0 for name in MEASURES}
+    for row in rows:
+        for name in MEASURES:
+            total[name] += row[name]
+    total = {k: round(v, 9) if k.endswith("_usd") else v for k, v in total.items()}
+    return {
+        "object": "usage.report",
+        "from": _iso(query.start),
+        "to": _iso(query.end),
+        "group_by": list(query.group_by),
+        "filters": query.filters,
+        "data": list(rows),
+        "total": total,
+    }
+
+
+def to_csv(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    header = [*query.group_by, *MEASURES]
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([_cell(row[name]) for name in header])
+    return out.getvalue()
+
+
+def to_table(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width text table with a total line, for the terminal."""
+    header = [*query.group_by, *MEASURES]
+    total = report(query, rows)["total"]
+    lines = [[_cell(row[name]) for name in header] for row in rows]
+    footer = ["total" if i == 0 else "" for i in range(len(query.group_by))]
+    footer += [_cell(total[name]) for name in MEASURES]
+    widths = [max(len(h), *(len(line[i]) for line in [*lines, footer])) for i, h in enumerate(header)]
+    numeric = [name in MEASURES for name in header]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    title = f"usage {_iso(query.start)} .. {_iso(query.end)}"
+    return "\n".join([title, fmt(header), rule, *(fmt(line) for line in lines), rule, fmt(footer)]) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6f}"
+    return "" if value is None else str(value)
