@@ -43,18 +43,16 @@ def trim_request(
     source: list[dict[str, Any]] = new_body["messages"]
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     items = [Item(i, m, i == last_user or _pinned(m, policy)) for i, m in enumerate(source)]
-    input_tokens = counter.messages(source)
     saved = {name: 0 for name in PASSES}
     dropped: list[Dropped] = []
     passes = _enabled(policy) if policy.enabled else []
     for _ in range(_MAX_ROUNDS):
         changed = False
         for name in passes:
-            before = counter.messages([i.msg for i in items])
             new_items, gone = PASS_FUNCTIONS[name](items, policy, counter)
-            if len(new_items) != len(items) or any(a is not b and a.msg is not b.msg for a, b in zip(new_items, items)):
+            if len(new_items) != len(items) or any(a.msg is not b.msg for a, b in zip(new_items, items)):
                 changed = True
-                saved[name] += before - counter.messages([i.msg for i in new_items])
+                saved[name] += _removed(items, new_items, counter)
                 dropped.extend(gone)
                 items = new_items
         if not changed:
@@ -63,8 +61,17 @@ def trim_request(
     return TrimResult(
         body=new_body,
         saved=saved,
-        input_tokens=input_tokens,
-        output_tokens=counter.messages(new_body["messages"]),
         estimated=counter.estimated,
         dropped=sorted(dropped, key=lambda d: d.index),
+        source=source,
+        counter=counter,
     )
+
+
+def _removed(old: list[Item], new: list[Item], counter: TokenCounter) -> int:
+    """Tokens of the messages a pass replaced or dropped, less those it put in; untouched ones are not counted."""
+    old_ids = {id(i.msg) for i in old}
+    new_ids = {id(i.msg) for i in new}
+    gone = sum(counter.message(i.msg) for i in old if id(i.msg) not in new_ids)
+    added = sum(counter.message(i.msg) for i in new if id(i.msg) not in old_ids)
+    return gone - added

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.trim.config import LOSSLESS_PASSES
+from policies.trim.messages import TokenCounter
 from policies.trim.passes import Dropped
 
 
@@ -15,10 +16,19 @@ class TrimResult:
 
     body: dict[str, Any]
     saved: dict[str, int]  # pass name -> tokens removed, every pass listed
-    input_tokens: int
-    output_tokens: int
     estimated: bool  # True when counted without the lane's tokenizer
     dropped: list[Dropped] = field(default_factory=list)
+    source: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    counter: TokenCounter | None = field(default=None, repr=False)
+
+    # Whole-prompt counts are computed on demand: the passes only count the messages they change.
+    @property
+    def input_tokens(self) -> int:
+        return self.counter.messages(self.source) if self.counter else 0
+
+    @property
+    def output_tokens(self) -> int:
+        return self.counter.messages(self.body["messages"]) if self.counter else 0
 
     @property
     def tokens_saved(self) -> int:

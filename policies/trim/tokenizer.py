@@ -22,8 +22,13 @@ def edge_token_counter(model_path: str | Path | None = None) -> Callable[[str], 
     import llama_cpp
 
     llm = llama_cpp.Llama(str(model_path or bundled_edge_model()), vocab_only=True, verbose=False)
+    # NOTE: the closure must hold `llm` itself: freeing it frees the model under the vocabulary pointer.
+    empty = (llama_cpp.llama_token * 1)()
 
     def count_tokens(text: str) -> int:
-        return len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        # With no room for output llama.cpp returns minus the count: one pass, nothing allocated.
+        data = text.encode("utf-8")
+        n = llama_cpp.llama_tokenize(llm._model.vocab, data, len(data), empty, 0, False, True)
+        return -n if n < 0 else n
 
     return count_tokens
