@@ -247,6 +247,10 @@ class Telemetry:
 
     # Reports ----------------------------------------------------------------------------
 
+    def usage_query(self, params: Mapping[str, Any]) -> UsageQuery:
+        """Parse /v1/usage parameters against this telemetry's clock; raises InvalidRequest."""
+        return UsageQuery.parse(params, now=self._wall())
+
     async def usage(self, query: UsageQuery) -> list[dict[str, Any]]:
         """Ledger totals for a query, including rows appended a moment ago."""
         if self._started:

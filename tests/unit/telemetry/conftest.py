@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,9 @@ from telemetry.tokens import heuristic_count
 class Clock:
     """A clock the test moves by hand: monotonic seconds and a wall clock in step."""
 
-    def __init__(self, wall: float = 1_780_000_000.0) -> None:
+    def __init__(self) -> None:
         self.now = 1000.0
-        self.wall0 = wall
+        self.wall0 = time.time()
 
     def monotonic(self) -> float:
         return self.now

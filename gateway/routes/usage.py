@@ -1,0 +1,42 @@
+"""GET /v1/usage: ledger totals for admins, as JSON or (with `Accept: text/csv`) CSV."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import NotFound, PermissionDenied
+from gateway.keys import PRINCIPAL, REQUEST_ID, SERVICES
+from telemetry.usage import report, to_csv
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+    from telemetry import Telemetry
+
+
+def _telemetry(request: web.Request, services: Services | None) -> Telemetry:
+    services = services or request.app.get(SERVICES)
+    telemetry = services.telemetry if services is not None else None
+    if telemetry is None or not telemetry.config.metering:
+        raise NotFound("usage reporting is off: this gateway runs without metering")
+    return telemetry
+
+
+def add_routes(app: web.Application, services: Services | None = None) -> None:
+    """`services` may be omitted: it is then looked up on the app when a request comes."""
+
+    async def usage(request: web.Request) -> web.Response:
+        principal = request.get(PRINCIPAL)
+        if principal is None or not principal.admin:
+            raise PermissionDenied("GET /v1/usage needs an admin API key")
+        telemetry = _telemetry(request, services)
+        query = telemetry.usage_query(request.query)
+        rows = await telemetry.usage(query)
+        headers = {"x-request-id": request.get(REQUEST_ID, "")}
+        if "text/csv" in request.headers.get("Accept", ""):
+            return web.Response(text=to_csv(query, rows), content_type="text/csv", headers=headers)
+        return web.Response(body=orjson.dumps(report(query, rows)), content_type="application/json", headers=headers)
+
+    app.router.add_get("/v1/usage", usage)
