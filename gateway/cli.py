@@ -11,7 +11,9 @@ from collections.abc import Sequence
 # `set_defaults(func=callable(args) -> int)`.
 COMMAND_MODULES: list[str] = [
     "gateway.serve_cli",
+    "policies.router.cli",
     "policies.trim.cli",
+    "telemetry.cli",
 ]
 
 
