@@ -1,0 +1,92 @@
+"""Decision latency of the router, excluding the shared embedding -> bench/results/router_latency.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from tqdm import tqdm
+
+from policies.policy import Policy
+from policies.router import RoutePolicy, Router
+from policies.router.data import load_mmlu, shared_data_dir
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BUILTIN = [
+    "hi",
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Prove that $\\sqrt{2}$ is irrational, step by step.",
+    "```python\ndef f(xs):\n    return sorted(xs)[::-1]\n```\nWhy is this slow for large inputs and how do I fix it?",
+    "Summarize the following text:\n" + "The quick brown fox jumps over the lazy dog. " * 200,
+]
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    us = np.asarray(samples_s) * 1e6
+    return {f"p{q}": round(float(np.percentile(us, q)), 2) for q in (50, 90, 99)} | {"max": round(float(us.max()), 2)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--out", type=Path, default=RESULTS / "router_latency.json")
+    args = parser.parse_args()
+    router = Router.load()
+    data = shared_data_dir()
+    prompts = list(BUILTIN)
+    source = "builtin prompts"
+    if (data / "router").is_dir():
+        prompts += load_mmlu(data).prompts[:: 14]
+        source = "builtin prompts + every 14th MMLU prompt"
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(len(prompts), router.dimension)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    policy = RoutePolicy(Policy.load(), router)
+    reference = None
+    if router.kind == "linear":
+        # The same linear model through sklearn's predict_proba, to show what the numpy path saves.
+        reference = LogisticRegression()
+        reference.classes_ = np.array([0, 1])
+        reference.coef_ = np.concatenate([router.w_emb, router.w_text])[None, :]
+        reference.intercept_ = np.array([router.bias])
+    from policies.router.features import text_features
+
+    score_s, decide_s, sk_s = [], [], []
+    for i in tqdm(range(args.calls), desc="router decisions", unit="call"):
+        j = i % len(prompts)
+        t0 = time.perf_counter()
+        p = router.score(prompts[j], emb[j])
+        t1 = time.perf_counter()
+        policy.decide(p, "tenant", "app")
+        t2 = time.perf_counter()
+        score_s.append(t1 - t0)
+        decide_s.append(t2 - t0)
+        if reference is not None:
+            t3 = time.perf_counter()
+            x = np.concatenate([emb[j].astype(np.float64), text_features(prompts[j])])[None, :]
+            reference.predict_proba(x)
+            sk_s.append(time.perf_counter() - t3)
+    result = {
+        "what": "router.score (text features + dot product) and score + policy decision; embedding excluded",
+        "target": "p99 <= 1000 us",
+        "calls": args.calls, "prompts": len(prompts), "source": source,
+        "prompt_chars_p50": int(np.median([len(p) for p in prompts])),
+        "prompt_chars_max": int(max(len(p) for p in prompts)),
+        "score_us": percentiles(score_s),
+        "score_and_decide_us": percentiles(decide_s),
+        "sklearn_predict_proba_same_model_us": percentiles(sk_s) if sk_s else None,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps({k: result[k] for k in ("score_us", "score_and_decide_us", "sklearn_predict_proba_same_model_us")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

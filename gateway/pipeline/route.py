@@ -1,0 +1,210 @@
+"""Pipeline stage: the complexity router picks the lane for `auto` requests; lane policy is enforced for all."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gateway.context import Answer, RequestContext, RouteDecision
+from gateway.errors import InvalidRequest, PermissionDenied, UpstreamUnavailable
+from policies.router.features import Prompt, last_user_text
+from policies.router.model import Router
+from policies.router.policy import LaneTarget, RoutePolicy, RouteRules
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+ROUTE_HEADER = "x-tierlane-route"
+AUTO = "auto"
+FORCEABLE = ("edge", "upstream")
+
+
+def request_prompt(ctx: RequestContext) -> Prompt:
+    """The chat messages, or the completion prompt as one string."""
+    messages = ctx.body.get("messages")
+    if isinstance(messages, list):
+        return [m for m in messages if isinstance(m, dict)]
+    prompt = ctx.body.get("prompt")
+    if isinstance(prompt, list):
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    return prompt if isinstance(prompt, str) else ""
+
+
+class RouteStage:
+    """Decides edge vs upstream from the router score and the tenant/app policy."""
+
+    name = "route"
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        policy: RoutePolicy,
+        embedder: Any,
+        edge_available: bool,
+        upstream_available: bool,
+        pool_names: list[str],
+        edge_model: str | None,
+    ) -> None:
+        self.router = router
+        self.policy = policy
+        self.embedder = embedder
+        self.edge_available = edge_available
+        self.upstream_available = upstream_available
+        self.pool_names = pool_names
+        self.edge_model = edge_model
+        # NOTE: only used without a shared embedder; one thread owns the fallback model.
+        self._executor: ThreadPoolExecutor | None = None
+        self._fallback_model: Any = None
+
+    def available(self, lane: str) -> bool:
+        return self.edge_available if lane == "edge" else self.upstream_available
+
+    async def run(self, ctx: RequestContext) -> Answer | None:
+        if ctx.operation == "embeddings":
+            return None
+        header = (ctx.header(ROUTE_HEADER) or "").strip().lower() or None
+        if header is not None and header not in (AUTO, *FORCEABLE):
+            raise InvalidRequest(f"header {ROUTE_HEADER} must be one of auto, edge, upstream", param=ROUTE_HEADER)
+        rules = self.policy.rules(ctx.principal.tenant, ctx.principal.app)
+        auto = ctx.attributes.get("route.requested") == AUTO or ctx.model == AUTO
+        if header in FORCEABLE and not rules.allow_force:
+            raise PermissionDenied(
+                f"tenant {ctx.principal.tenant!r} app {ctx.principal.app!r} may not choose a lane with {ROUTE_HEADER}",
+                param=ROUTE_HEADER,
+            )
+        if not auto:
+            return await self._explicit(ctx, rules, forced=header in FORCEABLE)
+        if header in FORCEABLE:
+            lane, reason = self._reachable(header, "forced", rules)
+            score = await self._free_score(ctx)
+            self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
+            return None
+        usable = [lane for lane in rules.lanes if self.available(lane)]
+        if not usable:
+            raise UpstreamUnavailable(
+                f"no lane this tenant/app may use is running (allowed: {', '.join(rules.lanes)})"
+            )
+        if len(usable) == 1:
+            lane = usable[0]
+            reason = ("edge_unavailable" if lane == "upstream" else "no_upstream") if len(rules.lanes) > 1 else "policy_lane"
+            score = await self._free_score(ctx)
+            self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
+            return None
+        prompt = request_prompt(ctx)
+        embedding = await self._embedding(ctx, prompt)
+        try:
+            score = self.router.score(prompt, embedding)
+        except ValueError as exc:
+            log.error("router could not score the request: %s", exc)
+            raise
+        decision, target = RoutePolicy.decide_with(rules, score)
+        self._apply(ctx, decision, target, rules)
+        return None
+
+    async def _explicit(self, ctx: RequestContext, rules: RouteRules, forced: bool) -> None:
+        """An explicit model fixes the lane (set by the model resolver); policy may still forbid it."""
+        if ctx.lane in ("edge", "upstream") and not rules.allows(ctx.lane):
+            raise PermissionDenied(
+                f"tenant {ctx.principal.tenant!r} app {ctx.principal.app!r} may not use the {ctx.lane} lane "
+                f"(model {ctx.model!r}); allowed: {', '.join(rules.lanes)}",
+                param="model",
+            )
+        score = await self._free_score(ctx)
+        ctx.route = RouteDecision(ctx.lane, score, "forced" if forced else "explicit_model", rules.threshold)
+        self._annotate(ctx, ctx.route, None)
+
+    def _reachable(self, lane: str, reason: str, rules: RouteRules) -> tuple[str, str]:
+        if not rules.allows(lane):
+            raise PermissionDenied(f"this tenant/app may not use the {lane} lane; allowed: {', '.join(rules.lanes)}",
+                                   param=ROUTE_HEADER)
+        if self.available(lane):
+            return lane, reason
+        other = "upstream" if lane == "edge" else "edge"
+        if self.available(other) and rules.allows(other):
+            return other, "edge_unavailable" if lane == "edge" else "no_upstream"
+        raise UpstreamUnavailable(f"the {lane} lane is not running on this gateway")
+
+    async def _free_score(self, ctx: RequestContext) -> float | None:
+        """A score for the record when the embedding is already there; never computes one."""
+        if ctx.embedding is None:
+            return None
+        try:
+            return self.router.score(request_prompt(ctx), ctx.embedding)
+        except ValueError:
+            return None
+
+    async def _embedding(self, ctx: RequestContext, prompt: Prompt) -> np.ndarray:
+        if ctx.embedding is not None:
+            return np.asarray(ctx.embedding)
+        text = last_user_text(prompt)
+        if self.embedder is not None:
+            vector = await self.embedder.embed(text)
+        else:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="route-embed")
+            vector = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, text)
+        ctx.embedding = vector
+        return np.asarray(vector)
+
+    def _encode(self, text: str) -> np.ndarray:
+        from policies.embedder import encode, load_sentence_model
+
+        if self._fallback_model is None:
+            self._fallback_model = load_sentence_model()
+        return encode(self._fallback_model, [text])[0]
+
+    def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
+        ctx.route = decision
+        ctx.lane = decision.lane
+        if decision.lane == "edge":
+            ctx.pool = None
+            ctx.target_model = target.model or self.edge_model
+        else:
+            if target.pool in self.pool_names:
+                ctx.pool = target.pool
+            elif ctx.pool not in self.pool_names:
+                ctx.pool = self.pool_names[0] if self.pool_names else None
+            if target.model:
+                ctx.target_model = target.model
+            elif ctx.target_model == self.edge_model:
+                ctx.target_model = None
+        self._annotate(ctx, decision, target)
+
+    @staticmethod
+    def _annotate(ctx: RequestContext, decision: RouteDecision, target: LaneTarget | None) -> None:
+        attrs = ctx.attributes
+        attrs["tierlane.route.lane"] = decision.lane
+        attrs["tierlane.route.reason"] = decision.reason
+        if decision.score is not None:
+            attrs["tierlane.route.score"] = round(decision.score, 6)
+        if decision.threshold is not None:
+            attrs["tierlane.route.threshold"] = round(decision.threshold, 6)
+        if target is not None and target.precision:
+            attrs["tierlane.route.precision"] = target.precision
+
+
+def build(services: Services) -> RouteStage | None:
+    """The route stage, or None when the router is switched off in policy."""
+    section = services.policy.section("router")
+    if not section.get("enabled", True):
+        return None
+    router = services.router if isinstance(services.router, Router) else Router.load(section.get("artifact"))
+    pool = services.pool
+    has_upstreams = bool(pool is not None and pool.has_upstreams())
+    edge_settings = getattr(getattr(services, "settings", None), "edge", None)
+    return RouteStage(
+        router=router,
+        policy=RoutePolicy(services.policy, router),
+        embedder=services.embedder,
+        edge_available=services.engine is not None,
+        upstream_available=has_upstreams,
+        pool_names=list(pool.pool_names()) if has_upstreams else [],
+        edge_model=getattr(edge_settings, "model_name", None),
+    )

@@ -1,0 +1,147 @@
+"""Cost–quality curves of a router (PGR vs strong share, APGR, CPT) and thresholds picked from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+TargetMode = Literal["threshold", "max_strong_share", "min_gap_recovered", "min_strong_quality"]
+TARGET_MODES: tuple[str, ...] = ("threshold", "max_strong_share", "min_gap_recovered", "min_strong_quality")
+
+
+@dataclass(slots=True, frozen=True)
+class GapCurve:
+    """Quality of the weak/strong mix when every prompt scoring >= threshold goes to the strong model.
+
+    Point 0 is "nothing to strong" (threshold +inf); the last point sends everything.
+    `pgr` is the share of the weak→strong quality gap recovered; `quality` is the mix's accuracy.
+    """
+
+    threshold: np.ndarray
+    share: np.ndarray
+    quality: np.ndarray
+    pgr: np.ndarray
+    weak_quality: float
+    strong_quality: float
+
+    def apgr(self) -> float:
+        """Area under PGR over strong share in [0, 1]; a random split scores 0.5."""
+        return float(np.trapezoid(self.pgr, self.share))
+
+    def cpt(self, recovered: float) -> float:
+        """Smallest strong share that recovers `recovered` of the gap (ties broken at random)."""
+        reached = np.flatnonzero(self.pgr >= recovered - 1e-12)
+        if reached.size == 0:
+            return float("nan")
+        i = int(reached[0])
+        if i == 0:
+            return float(self.share[0])
+        p0, p1 = self.pgr[i - 1], self.pgr[i]
+        s0, s1 = self.share[i - 1], self.share[i]
+        return float(s0 + (recovered - p0) / (p1 - p0) * (s1 - s0))
+
+    def to_table(self, max_points: int = 401) -> dict[str, Any]:
+        """A compact copy for the manifest: at most `max_points` points, ends kept."""
+        n = len(self.share)
+        idx = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(int))
+        return {
+            "threshold": [_finite(t) for t in self.threshold[idx]],
+            "share": [round(float(v), 6) for v in self.share[idx]],
+            "quality": [round(float(v), 6) for v in self.quality[idx]],
+            "pgr": [round(float(v), 6) for v in self.pgr[idx]],
+            "weak_quality": self.weak_quality,
+            "strong_quality": self.strong_quality,
+        }
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> GapCurve:
+        return cls(
+            threshold=np.asarray([np.inf if t is None else t for t in table["threshold"]], dtype=np.float64),
+            share=np.asarray(table["share"], dtype=np.float64),
+            quality=np.asarray(table["quality"], dtype=np.float64),
+            pgr=np.asarray(table["pgr"], dtype=np.float64),
+            weak_quality=float(table["weak_quality"]),
+            strong_quality=float(table["strong_quality"]),
+        )
+
+
+def _finite(value: float) -> float | None:
+    return None if not np.isfinite(value) else float(value)
+
+
+def gap_curve(scores: np.ndarray, weak_correct: np.ndarray, strong_correct: np.ndarray) -> GapCurve:
+    """The curve over every distinct score; prompts with equal scores move to strong together."""
+    scores = np.asarray(scores, dtype=np.float64)
+    weak = np.asarray(weak_correct, dtype=np.float64)
+    strong = np.asarray(strong_correct, dtype=np.float64)
+    if not (scores.shape == weak.shape == strong.shape) or scores.ndim != 1 or scores.size == 0:
+        raise ValueError("scores, weak_correct and strong_correct must be equal-length, non-empty 1-d arrays")
+    n = scores.size
+    weak_q, strong_q = float(weak.mean()), float(strong.mean())
+    if strong_q <= weak_q:
+        raise ValueError(f"the strong model must beat the weak one (strong {strong_q:.3f} <= weak {weak_q:.3f})")
+    order = np.argsort(-scores, kind="stable")
+    gain = np.cumsum((strong - weak)[order])
+    sorted_scores = scores[order]
+    # The last index of each run of equal scores: the threshold admits the whole run.
+    ends = np.append(np.flatnonzero(np.diff(sorted_scores) != 0), n - 1)
+    share = np.concatenate([[0.0], (ends + 1) / n])
+    quality = np.concatenate([[weak_q], weak_q + gain[ends] / n])
+    threshold = np.concatenate([[np.inf], sorted_scores[ends]])
+    pgr = (quality - weak_q) / (strong_q - weak_q)
+    return GapCurve(threshold, share, quality, pgr, weak_q, strong_q)
+
+
+def threshold_for_target(curve: GapCurve, mode: TargetMode | str, value: float) -> float:
+    """The score threshold that meets a cost or quality target on the curve's data.
+
+    max_strong_share: the most prompts to strong that stays <= value;
+    min_gap_recovered: the fewest prompts to strong with PGR >= value;
+    min_strong_quality: the fewest prompts to strong with quality >= value x strong model quality.
+    """
+    if mode == "threshold":
+        return float(value)
+    if mode == "max_strong_share":
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"max_strong_share must be in [0, 1], got {value}")
+        i = int(np.flatnonzero(curve.share <= value + 1e-12)[-1])
+    elif mode == "min_gap_recovered":
+        hits = np.flatnonzero(curve.pgr >= value - 1e-12)
+        if hits.size == 0:
+            raise ValueError(f"no threshold recovers {value:.0%} of the gap (best {curve.pgr.max():.0%})")
+        i = int(hits[0])
+    elif mode == "min_strong_quality":
+        hits = np.flatnonzero(curve.quality >= value * curve.strong_quality - 1e-12)
+        if hits.size == 0:
+            raise ValueError(f"no threshold reaches {value:.0%} of the strong model's quality")
+        i = int(hits[0])
+    else:
+        raise ValueError(f"unknown target mode {mode!r}; expected one of {', '.join(TARGET_MODES)}")
+    return float(curve.threshold[i])
+
+
+def random_apgr() -> float:
+    """APGR of a router that splits at random: the diagonal's area."""
+    return 0.5
+
+
+def oracle_scores(weak_correct: np.ndarray, strong_correct: np.ndarray) -> np.ndarray:
+    """Scores of a router that knows the answers: strong-only wins first, weak-only wins last."""
+    weak = np.asarray(weak_correct, dtype=np.float64)
+    strong = np.asarray(strong_correct, dtype=np.float64)
+    return strong - weak
+
+
+def expected_calibration_error(prob: np.ndarray, label: np.ndarray, bins: int = 10) -> float:
+    """Mean |predicted - observed| over equal-width probability bins, weighted by bin size."""
+    prob = np.asarray(prob, dtype=np.float64)
+    label = np.asarray(label, dtype=np.float64)
+    which = np.minimum((prob * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            total += mask.sum() * abs(prob[mask].mean() - label[mask].mean())
+    return float(total / max(prob.size, 1))

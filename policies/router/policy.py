@@ -1,0 +1,134 @@
+"""Turns a router score into a lane for one tenant/app, from the `router` and `lanes` policy sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.context import RouteDecision
+from policies.policy import Policy
+from policies.router.calibration import TARGET_MODES
+from policies.router.model import Router
+
+LANES = ("edge", "upstream")
+
+
+@dataclass(slots=True, frozen=True)
+class LaneTarget:
+    """Where a lane sends a request: upstream pool (None for edge), model name and precision tier."""
+
+    lane: str
+    pool: str | None
+    model: str | None
+    precision: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRules:
+    """The resolved rules for one tenant/app."""
+
+    threshold: float
+    target: str  # e.g. "min_strong_quality=0.95", for the span
+    allow_force: bool
+    lanes: tuple[str, ...]
+    edge: LaneTarget
+    upstream: LaneTarget
+
+    def allows(self, lane: str) -> bool:
+        return lane in self.lanes
+
+    def target_for(self, lane: str) -> LaneTarget:
+        return self.edge if lane == "edge" else self.upstream
+
+
+def _target(section: dict[str, Any]) -> tuple[str, float]:
+    target = section.get("target") or {}
+    if not isinstance(target, dict):
+        raise ValueError("router.target must be a mapping {mode, value}")
+    mode = str(target.get("mode", "threshold"))
+    if mode not in TARGET_MODES:
+        raise ValueError(f"router.target.mode {mode!r} is not one of {', '.join(TARGET_MODES)}")
+    try:
+        value = float(target.get("value", 0.5))
+    except (TypeError, ValueError):
+        raise ValueError(f"router.target.value must be a number, got {target.get('value')!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"router.target.value must be in [0, 1], got {value}")
+    return mode, value
+
+
+class RoutePolicy:
+    """Per-tenant/app thresholds, lane permissions and lane targets; `decide` applies them to a score."""
+
+    def __init__(self, policy: Policy, router: Router | None) -> None:
+        self.policy = policy
+        self.router = router
+        # NOTE: keyed by (mode, value) from the policy file, so it stays as small as the policy.
+        self._thresholds: dict[tuple[str, float], float] = {}
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the base sections and every override now, so bad policy fails at start-up."""
+        router_sec = {k: v for k, v in self.policy.section("router").items() if k != "overrides"}
+        lanes_sec = {k: v for k, v in self.policy.section("lanes").items() if k != "overrides"}
+        self._build(router_sec, lanes_sec)
+        for rule in self.policy.section("router").get("overrides") or []:
+            self._build({**router_sec, **(rule.get("set") or {})}, lanes_sec)
+        for rule in self.policy.section("lanes").get("overrides") or []:
+            merged = dict(lanes_sec)
+            for key, value in (rule.get("set") or {}).items():
+                merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
+            self._build(router_sec, merged)
+
+    def rules(self, tenant: str | None, app: str | None) -> RouteRules:
+        """The rules that apply to this tenant and app."""
+        return self._build(
+            self.policy.resolve("router", tenant=tenant, app=app),
+            self.policy.resolve("lanes", tenant=tenant, app=app),
+        )
+
+    def _threshold(self, mode: str, value: float) -> float:
+        key = (mode, value)
+        if key not in self._thresholds:
+            if mode != "threshold" and self.router is None:
+                raise ValueError(f"router target mode {mode!r} needs a router model")
+            self._thresholds[key] = value if self.router is None else self.router.threshold_for(mode, value)
+        return self._thresholds[key]
+
+    def _build(self, router_sec: dict[str, Any], lanes_sec: dict[str, Any]) -> RouteRules:
+        mode, value = _target(router_sec)
+        lanes = tuple(router_sec.get("lanes") or LANES)
+        if not lanes:
+            raise ValueError("router.lanes must name at least one lane")
+        unknown = [lane for lane in lanes if lane not in LANES]
+        if unknown:
+            raise ValueError(f"router.lanes lists unknown lane(s) {unknown}; lanes are {', '.join(LANES)}")
+        edge = lanes_sec.get("edge") or {}
+        upstream = lanes_sec.get("upstream") or {}
+        pool = str(upstream.get("pool") or "standard")
+        pool_cfg = (upstream.get("pools") or {}).get(pool)
+        if pool_cfg is None:
+            raise ValueError(f"lanes.upstream.pool {pool!r} is not listed under lanes.upstream.pools")
+        return RouteRules(
+            threshold=self._threshold(mode, value),
+            target=f"{mode}={value:g}",
+            allow_force=bool(router_sec.get("allow_force", True)),
+            lanes=lanes,
+            edge=LaneTarget("edge", None, edge.get("model"), edge.get("precision")),
+            upstream=LaneTarget("upstream", pool, pool_cfg.get("model"), pool_cfg.get("precision")),
+        )
+
+    def decide(self, score: float, tenant: str | None, app: str | None) -> tuple[RouteDecision, LaneTarget]:
+        """The lane for a router score: upstream when score >= threshold (if this tenant/app may use it)."""
+        rules = self.rules(tenant, app)
+        return self.decide_with(rules, score)
+
+    @staticmethod
+    def decide_with(rules: RouteRules, score: float) -> tuple[RouteDecision, LaneTarget]:
+        lane = "upstream" if score >= rules.threshold else "edge"
+        reason = "router_strong" if lane == "upstream" else "router_weak"
+        if not rules.allows(lane):
+            lane = rules.lanes[0]
+            reason = f"{reason}_lane_forbidden"
+        decision = RouteDecision(lane=lane, score=score, reason=reason, threshold=rules.threshold)
+        return decision, rules.target_for(lane)
