@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.context import Principal, RequestContext
 from gateway.models import ModelResolver
 from gateway.pipeline.runner import Pipeline
 from gateway.services import Services
@@ -13,3 +14,8 @@ SETTINGS = web.AppKey("settings", Settings)
 SERVICES = web.AppKey("services", Services)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 RESOLVER = web.AppKey("resolver", ModelResolver)
+
+REQUEST_ID = web.RequestKey("request_id", str)
+RECEIVED_AT = web.RequestKey("received_at", float)
+PRINCIPAL = web.RequestKey("principal", Principal)
+CONTEXT = web.RequestKey("ctx", RequestContext)

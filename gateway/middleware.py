@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.auth import KeyTable
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render_unexpected
+from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID
 from gateway.respond import lane_header
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,16 @@ def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitab
     async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         received = time.perf_counter()
         rid = request_id(request)
-        request["request_id"] = rid
-        request["received_at"] = received
+        request[REQUEST_ID] = rid
+        request[RECEIVED_AT] = received
         try:
             if request.path not in UNAUTHENTICATED:
-                request["principal"] = keys.resolve(
+                request[PRINCIPAL] = keys.resolve(
                     request.headers.get("Authorization"), request.headers.get("api-key")
                 )
             return await handler(request)
         except GatewayError as err:
-            ctx = request.get("ctx")
+            ctx = request.get(CONTEXT)
             extra = {"x-tierlane-lane": lane_header(ctx)} if ctx is not None else None
             return error_response(err, rid, received, extra)
         except web.HTTPRequestEntityTooLarge as exc:

@@ -1,11 +1,13 @@
 """The order of the pipeline, declared once.
 
-Stages run in this order before the lane; the first one that returns an Answer ends the
-walk. Completion hooks run, in order, after the client has the answer.
+Each entry is (module, policy section). The module's `build(services)` makes the stage or
+hook; it is skipped when its policy section says `enabled: false`. Stages run in this order
+before the lane, and the first one that returns an Answer ends the walk; completion hooks
+run in order after the client has its answer.
 """
 
-STAGES: list[str] = [
+STAGES: list[tuple[str, str | None]] = [
 ]
 
-HOOKS: list[str] = [
+HOOKS: list[tuple[str, str | None]] = [
 ]

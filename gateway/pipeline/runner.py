@@ -19,7 +19,12 @@ log = logging.getLogger(__name__)
 class Pipeline:
     """The stages and hooks built for one running gateway."""
 
-    def __init__(self, services: Services, stages: Sequence[str], hooks: Sequence[str]) -> None:
+    def __init__(
+        self,
+        services: Services,
+        stages: Sequence[tuple[str, str | None]],
+        hooks: Sequence[tuple[str, str | None]],
+    ) -> None:
         self.services = services
         self.stages: list[Stage] = [s for s in _build(services, stages) if s is not None]  # type: ignore[misc]
         self.hooks: list[CompletionHook] = [h for h in _build(services, hooks) if h is not None]  # type: ignore[misc]
@@ -64,9 +69,11 @@ class Pipeline:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
 
 
-def _build(services: Services, modules: Sequence[str]) -> Iterator[object]:
-    for name in modules:
-        yield importlib.import_module(name).build(services)
+def _build(services: Services, entries: Sequence[tuple[str, str | None]]) -> Iterator[object]:
+    for module, section in entries:
+        if section is not None and services.policy.section(section).get("enabled", True) is False:
+            continue
+        yield importlib.import_module(module).build(services)
 
 
 @contextlib.contextmanager

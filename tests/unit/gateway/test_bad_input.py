@@ -1,0 +1,81 @@
+"""Bad requests get a clear OpenAI-style 4xx, and the gateway keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.config import upstream_cfg
+from tests.support.background import RunningApp
+from tests.support.faults import Recorder, fault_app
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def gw(bg, make_gateway):
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec))
+    gateway = make_gateway(upstreams=[upstream_cfg("a", up.url + "/v1", models=["fake-model"])])
+    gateway.rec = rec  # type: ignore[attr-defined]
+    return gateway
+
+
+CASES = [
+    ("truncated json", b'{"model": "fake-model", "messages": [', 400, None, "invalid_json"),
+    ("not an object", b"[1, 2]", 400, None, "invalid_json"),
+    ("empty body", b"", 400, None, "invalid_json"),
+    ("non-utf8 bytes", b'{"model": "fake-model", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None, "invalid_json"),
+    ("missing messages", b'{"model": "fake-model"}', 400, "messages", "missing_required_parameter"),
+    ("empty messages", b'{"model": "fake-model", "messages": []}', 400, "messages", "invalid_value"),
+    ("unknown role", b'{"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]}', 400, "messages[0].role", "invalid_value"),
+    ("wrong type", b'{"model": "fake-model", "messages": "hello"}', 400, "messages", "invalid_value"),
+    ("wrong content type", b'{"model": "fake-model", "messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content", "invalid_value"),
+    ("negative max_tokens", b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens", "invalid_value"),
+    ("n over the limit", b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "n": 50}', 400, "n", "invalid_value"),
+    ("temperature out of range", b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "temperature": 7}', 400, "temperature", "invalid_value"),
+    ("missing model", b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model", "missing_required_parameter"),
+    ("unknown model", b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}', 404, "model", "model_not_found"),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "status", "param", "code"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clear_error(gw, name, raw, status, param, code):
+    r = httpx.post(gw.url + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param
+    assert err["code"] == code
+    assert err["message"]
+    assert r.headers["x-request-id"]
+    assert gw.rec.hits == 0  # nothing reached the upstream
+    ok = httpx.post(gw.url + "/v1/chat/completions", json={"model": "fake-model", "messages": MSG})
+    assert ok.status_code == 200
+
+
+def test_ten_megabyte_body_is_413(gw):
+    raw = b'{"model": "fake-model", "messages": [{"role": "user", "content": "' + b"a" * (10 * 1024 * 1024) + b'"}]}'
+    r = httpx.post(gw.url + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(gw.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_bad_route_header(gw):
+    r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "fake-model", "messages": MSG}, headers={"x-tierlane-route": "moon"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-tierlane-route"
+
+
+def test_unknown_path_and_method(gw):
+    r = httpx.get(gw.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(gw.url + "/v1/chat/completions")
+    assert r.status_code == 405 and "POST" in r.headers["Allow"]
+
+
+def test_completions_and_embeddings_validate_too(gw):
+    r = httpx.post(gw.url + "/v1/completions", json={"model": "fake-model"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(gw.url + "/v1/embeddings", json={"model": "fake-model", "input": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
