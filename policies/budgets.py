@@ -172,6 +172,7 @@ class Budgets:
         self._tenants: dict[str, _Counters] = {}
         self._apps: dict[tuple[str, str], _Counters] = {}
         self._open: dict[str, _Open] = {}
+        self._day, self._day_from, self._day_to = "", 0.0, 0.0
         # Validate the whole section once so a bad policy fails at start, not on a request.
         Limits.from_mapping(section.get("tenant"), "tenant")
         Limits.from_mapping(section.get("app"), "app")
@@ -356,7 +357,13 @@ class Budgets:
         return dt.datetime.fromtimestamp(self._wall(), dt.UTC)
 
     def _today(self) -> str:
-        return self._utc().strftime("%Y-%m-%d")
+        # Formatting a date costs more than the rest of an admission; it changes once a day.
+        now = self._wall()
+        if not self._day_from <= now < self._day_to:
+            start = dt.datetime.combine(dt.datetime.fromtimestamp(now, dt.UTC).date(), dt.time(), dt.UTC)
+            self._day_from, self._day_to = start.timestamp(), start.timestamp() + 86400.0
+            self._day = start.strftime("%Y-%m-%d")
+        return self._day
 
     def _until_next_day(self) -> float:
         now = self._utc()

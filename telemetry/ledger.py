@@ -26,7 +26,7 @@ DEFAULT_COMMIT_WINDOW_S = 0.2
 MAX_BATCH = 5_000
 
 
-@dataclass(slots=True, frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class LedgerRow:
     """One request's usage, cost and outcome, as stored."""
 

@@ -9,10 +9,12 @@ passes through `LabelBounds` first, so the number of series is fixed by the conf
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from telemetry.attributes import SAVING_REASONS
 from telemetry.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS, Measurement
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -23,6 +25,8 @@ class PromMetrics:
 
     def __init__(self, ledger_pending: Callable[[], float] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
+        self._series: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         genai = ["operation", "provider", "request_model", "response_model", "lane", "tenant", "app"]
         who = ["lane", "tenant", "app"]
         self._tokens = Histogram(
@@ -84,25 +88,47 @@ class PromMetrics:
             pending.set_function(ledger_pending)
 
     def record(self, m: Measurement) -> None:
+        key = (m.operation, m.provider, m.request_model, m.response_model, m.lane, m.tenant, m.app,
+               m.cache_status, m.status_class, m.error_type)  # fmt: skip
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._children(m)
+        tokens_in, tokens_out, duration, ttft, latency, requests, count_in, count_out, count_cached, cost, saved = series
         if m.model_called:
-            labels = (m.operation, m.provider, m.request_model, m.response_model, m.lane, m.tenant, m.app)
-            self._tokens.labels(*labels, "input").observe(m.input_tokens)
-            self._tokens.labels(*labels, "output").observe(m.output_tokens)
-            self._duration.labels(*labels, m.error_type or "").observe(m.model_seconds)
+            tokens_in.observe(m.input_tokens)
+            tokens_out.observe(m.output_tokens)
+            duration.observe(m.model_seconds)
         if m.ttft_s is not None:
-            self._ttft.labels(m.operation, m.request_model, m.lane, m.tenant, m.app).observe(m.ttft_s)
-        self._latency.labels(m.lane, m.tenant, m.app, m.cache_status, m.status_class).observe(m.latency_s)
-        self._requests.labels(m.lane, m.tenant, m.app, m.cache_status, m.status_class).inc()
-        tokens = self._token_count
-        tokens.labels(m.lane, m.tenant, m.app, m.request_model, "input").inc(m.input_tokens)
-        tokens.labels(m.lane, m.tenant, m.app, m.request_model, "output").inc(m.output_tokens)
+            ttft.observe(m.ttft_s)
+        latency.observe(m.latency_s)
+        requests.inc()
+        count_in.inc(m.input_tokens)
+        count_out.inc(m.output_tokens)
         if m.cached_input_tokens:
-            tokens.labels(m.lane, m.tenant, m.app, m.request_model, "cached_input").inc(m.cached_input_tokens)
+            count_cached.inc(m.cached_input_tokens)
         if m.cost > 0:
-            self._cost.labels(m.lane, m.tenant, m.app, m.request_model).inc(m.cost)
+            cost.inc(m.cost)
         for reason, amount in m.saved.items():
             if amount > 0:
-                self._saved.labels(m.lane, m.tenant, m.app, reason).inc(amount)
+                saved[reason].inc(amount)
+
+    def _children(self, m: Measurement) -> tuple[Any, ...]:
+        """The labelled series one label combination writes to; looked up once, then reused."""
+        labels = (m.operation, m.provider, m.request_model, m.response_model, m.lane, m.tenant, m.app)
+        who = (m.lane, m.tenant, m.app)
+        return (
+            self._tokens.labels(*labels, "input"),
+            self._tokens.labels(*labels, "output"),
+            self._duration.labels(*labels, m.error_type or ""),
+            self._ttft.labels(m.operation, m.request_model, *who),
+            self._latency.labels(*who, m.cache_status, m.status_class),
+            self._requests.labels(*who, m.cache_status, m.status_class),
+            self._token_count.labels(*who, m.request_model, "input"),
+            self._token_count.labels(*who, m.request_model, "output"),
+            self._token_count.labels(*who, m.request_model, "cached_input"),
+            self._cost.labels(*who, m.request_model),
+            {reason: self._saved.labels(*who, reason) for reason in SAVING_REASONS},
+        )
 
     def rejected(self, tenant: str, app: str, code: str) -> None:
         self._rejections.labels(tenant, app, code).inc()

@@ -246,7 +246,7 @@ class Spans:
         if self._tracer is None:
             return self._noop
         self._bind(ctx)
-        span = self._tracer.start_span(f"tierlane.{name}", attributes={a.STAGE: name})
+        span = self._tracer.start_span(f"tierlane.{name}")
         return StageSpan(span)
 
     def model_span(self, ctx: RequestContext) -> ModelSpan | NoopSpan:
