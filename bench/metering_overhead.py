@@ -6,6 +6,7 @@ exported over OTLP/HTTP, Prometheus), one with it off. The load generator (this 
 alternates rounds between the two, so drift on a shared machine hits both alike.
 
 Writes bench/results/metering_overhead.json. Run: .venv/bin/python bench/metering_overhead.py
+With BENCH_TRACE_RATIO=0.1 the traces are head-sampled at 10% (results/metering_overhead_sampled_0.1.json).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def run_gateway(port: int, upstream_port: int, mode: str, state_dir: str, parts:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream_port}",
         "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": os.environ.get("BENCH_TRACE_RATIO", "1.0"),
     }
 
     async def build(settings: Any, policy: Any) -> Telemetry:
@@ -237,6 +240,7 @@ async def bench(rounds: int, requests: int, concurrency: int, parts: str) -> dic
             "cpus": os.cpu_count(),
             "on": "ledger + budgets counting + OTel spans (OTLP/HTTP batch) + OTel metrics (OTLP, 5 s) + Prometheus",
             "on_parts": parts,
+            "trace_sampling_ratio": float(os.environ.get("BENCH_TRACE_RATIO", "1.0")),
             "off": "telemetry switched off (no-op spans, no budget stage, no meter hook)",
         },
         "on": on,
@@ -281,7 +285,9 @@ def main() -> int:
         run_gateway(args.port, args.upstream_port, args.mode, args.state_dir, set(args.on_parts.split(",")))
         return 0
     result = asyncio.run(bench(args.rounds, args.requests, args.concurrency, args.on_parts))
-    out = REPO / "bench" / "results" / "metering_overhead.json"
+    ratio = os.environ.get("BENCH_TRACE_RATIO")
+    suffix = "" if ratio in (None, "1.0", "1") else f"_sampled_{ratio}"
+    out = REPO / "bench" / "results" / f"metering_overhead{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
