@@ -1,0 +1,189 @@
+"""The edge engine as the gateway sees it: async submit/stream/cancel over the scheduler thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence as Seq
+from typing import Any
+
+from edge_engine.chat_template import ChatTemplate
+from edge_engine.events import GenerationEvent, Sequence
+from edge_engine.llama_model import LlamaModel
+from edge_engine.sampling import Priority, SamplingParams
+from edge_engine.scheduler import Scheduler
+from edge_engine.settings import EdgeSettings
+from edge_engine.stats import EngineStats
+from gateway.errors import ContextLengthExceeded, InvalidRequest, Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class Generation:
+    """One submitted request: iterate it for events; `cancel()` frees its slot and KV cells."""
+
+    def __init__(self, scheduler: Scheduler, seq: Sequence, queue: asyncio.Queue[Any]) -> None:
+        self._scheduler = scheduler
+        self._seq = seq
+        self._queue = queue
+        self._done = False
+        self.prompt_tokens = len(seq.prompt)
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finish_reason is not None:
+            self._done = True
+        return item
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._scheduler.cancel(self._seq)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+
+class EdgeEngine:
+    """An embedded llama.cpp model with continuous batching; start() before use, close() after."""
+
+    def __init__(self, settings: EdgeSettings | None = None) -> None:
+        self.settings = settings or EdgeSettings()
+        self._stats = EngineStats()
+        self._scheduler = Scheduler(self.settings, self._stats)
+        self._model: LlamaModel | None = None
+        self._template: ChatTemplate | None = None
+        self._n_ctx = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    @property
+    def n_ctx(self) -> int:
+        """Longest prompt plus completion one request may use, in tokens."""
+        return self._n_ctx
+
+    async def start(self) -> None:
+        """Loads the model and creates the context on the scheduler thread."""
+        logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[BaseException | None] = loop.create_future()
+        self._scheduler.start(lambda exc: loop.call_soon_threadsafe(ready.set_result, exc))
+        error = await ready
+        if error is not None:
+            raise error
+        self._model = self._scheduler.model
+        assert self._model is not None and self._scheduler.ctx is not None
+        self._template = await asyncio.to_thread(ChatTemplate, self._model)
+        self._n_ctx = min(self._scheduler.ctx.n_ctx, self._model.n_ctx_train or self._scheduler.ctx.n_ctx)
+        log.info("edge engine ready: %s, %d KV cells, %d slots", self._model.path.name, self._n_ctx, self.settings.slots)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._scheduler.stop)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens `text` takes in this model's vocabulary; safe from any thread."""
+        return len(self._loaded().tokenize(text, add_special=False, parse_special=False))
+
+    def render_chat(self, messages: Seq[Mapping[str, Any]]) -> str:
+        """The prompt text the chat template makes of `messages`."""
+        assert self._template is not None, "EdgeEngine.start() first"
+        return self._template.render(messages)
+
+    def tokenize_request(self, *, messages: Seq[Mapping[str, Any]] | None = None, prompt: Any = None) -> list[int]:
+        """Prompt tokens for a chat or a completion request (blocking: call off the event loop)."""
+        model = self._loaded()
+        if messages is not None:
+            # the template writes its own special tokens, so no BOS is added here
+            return model.tokenize(self.render_chat(messages), add_special=False, parse_special=True)
+        if isinstance(prompt, str):
+            return model.tokenize(prompt, add_special=True, parse_special=True)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            if any(t < 0 or t >= model.n_vocab for t in prompt):
+                raise InvalidRequest(f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
+            return list(prompt)
+        raise InvalidRequest("the edge model takes one prompt: a string or a list of token ids", param="prompt")
+
+    async def submit(
+        self,
+        *,
+        messages: Seq[Mapping[str, Any]] | None = None,
+        prompt: Any = None,
+        params: SamplingParams | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        prompt_tokens: list[int] | None = None,
+    ) -> Generation:
+        """Queues a request; raises ContextLengthExceeded (400) or Overloaded (503) at once."""
+        params = params or SamplingParams()
+        enqueued_at = time.perf_counter()
+        tokens = prompt_tokens
+        if tokens is None:
+            tokens = await asyncio.to_thread(self.tokenize_request, messages=messages, prompt=prompt)
+        param = "messages" if messages is not None else "prompt"
+        if not tokens:
+            raise InvalidRequest("the prompt is empty", param=param)
+        if len(tokens) >= self._n_ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self._n_ctx} tokens. However, your "
+                f"{param} resulted in {len(tokens)} tokens. Please shorten it.",
+                param=param,
+            )
+        room = self._n_ctx - len(tokens)
+        wanted = params.max_tokens if params.max_tokens is not None else self.settings.default_max_tokens
+        if wanted < 1:
+            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def deliver(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        seq = Sequence(
+            prompt=tokens,
+            params=params,
+            max_new=min(wanted, room),
+            priority=priority,
+            deliver=deliver,
+            enqueued_at=enqueued_at,
+        )
+        self._scheduler.submit(seq)
+        return Generation(self._scheduler, seq, queue)
+
+    async def generate(
+        self,
+        *,
+        messages: Seq[Mapping[str, Any]] | None = None,
+        prompt: Any = None,
+        params: SamplingParams | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> AsyncIterator[GenerationEvent]:
+        """Events as tokens are sampled; closing the iterator early cancels the sequence."""
+        generation = await self.submit(messages=messages, prompt=prompt, params=params, priority=priority)
+        try:
+            async for event in generation:
+                yield event
+        finally:
+            generation.cancel()
+
+    def stats(self) -> dict[str, Any]:
+        """Queue depth, active sequences, KV cells, token rates and TTFT, for telemetry."""
+        return {"model": self.model_name, **self._scheduler.load(), **self._stats.snapshot()}
+
+    def _loaded(self) -> LlamaModel:
+        if self._model is None:
+            raise Overloaded("the edge engine is not started", retry_after=5)
+        return self._model

@@ -1,0 +1,59 @@
+"""What a generation yields to its caller, and the state the scheduler keeps per sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_engine.sampling import Priority, SamplingParams
+from edge_engine.text import StopMatcher
+
+
+@dataclass(slots=True, frozen=True)
+class GenerationEvent:
+    """New text as tokens are sampled; the last event has `finish_reason` and the exact usage."""
+
+    text: str
+    completion_tokens: int  # tokens sampled so far
+    finish_reason: str | None = None  # "stop" | "length" on the last event
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix
+
+
+@dataclass(slots=True, eq=False)
+class PrefixEntry:
+    """A finished prompt kept in the KV cache under its own sequence id, for prefix reuse."""
+
+    seq_id: int
+    tokens: list[int]
+    refs: int = 0
+    last_used: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside the scheduler; only the scheduler thread touches it once submitted."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int
+    priority: Priority
+    deliver: Callable[[Any], None]  # thread-safe: hands an event or exception to the caller
+    enqueued_at: float
+    order: int = 0
+    seq_id: int = -1
+    n_past: int = 0  # positions already in the KV cache
+    cached: int = 0  # of those, copied from a prefix instead of computed
+    reserved: int = 0  # KV cells this sequence may still need, counted at admission
+    prefix: PrefixEntry | None = None
+    sampler: Any = None
+    generated: int = 0
+    last_token: int | None = None
+    tokens: list[int] = field(default_factory=list)  # prompt + fed generated tokens, by position
+    stop: StopMatcher | None = None
+    first_token_at: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)

@@ -1,0 +1,166 @@
+"""Thin ctypes wrappers over llama.cpp: the model (weights, vocabulary, template) and one context."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+log = logging.getLogger(__name__)
+
+
+class LlamaModel:
+    """Loaded GGUF weights and vocabulary; tokenising only reads the vocabulary, so it is thread-safe."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0, extra_buffers: bool = False) -> None:
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        # NOTE: extra buffer types repack weights for AMX/AVX512 kernels; a native build on a
+        # CPU that reports AMX faults in ggml_backend_amx_mul_mat where the OS denies AMX tiles.
+        params.use_extra_bufts = extra_buffers
+        self.path = path
+        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not load the model {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.ptr)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def metadata(self, key: str) -> str | None:
+        size = 1 << 16
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n >= size:
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        tokens = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            tokens = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, cap, add_special, parse_special)
+        return list(tokens[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = buf.raw[:n]
+            self._pieces[token] = cached
+        return cached
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    @property
+    def bos_text(self) -> str:
+        return self.token_text(llama_cpp.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_text(self) -> str:
+        return self.token_text(llama_cpp.llama_vocab_eos(self.vocab))
+
+
+@dataclass(slots=True)
+class BatchEntry:
+    """One token of a step: which sequence, at which position, and whether we need its logits."""
+
+    token: int
+    pos: int
+    seq_id: int
+    logits: bool
+
+
+class LlamaContext:
+    """A llama.cpp context with one unified KV cache; used only by the scheduler thread."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_seq_max: int,
+        n_threads: int,
+        flash_attn: bool,
+    ) -> None:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        # NOTE: one cell pool for all sequences, so one long prompt may use most of it and
+        # a shared prefix is stored once (seq_cp tags the same cells with a second sequence).
+        params.kv_unified = True
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.no_perf = True
+        self.model = model
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ptr)
+        self.n_batch = n_batch
+        self.memory = llama_cpp.llama_get_memory(self.ptr)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self, entries: list[BatchEntry]) -> int:
+        """Runs one forward pass over all entries; returns llama_decode's status (0: ok)."""
+        b = self.batch
+        for i, e in enumerate(entries):
+            b.token[i] = e.token
+            b.pos[i] = e.pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = e.seq_id
+            b.logits[i] = 1 if e.logits else 0
+        b.n_tokens = len(entries)
+        return int(llama_cpp.llama_decode(self.ptr, b))
+
+    def sample(self, sampler: llama_cpp.llama_sampler_p, index: int) -> int:
+        """Samples from the logits of batch row `index` (also records the token in the sampler)."""
+        return int(llama_cpp.llama_sampler_sample(sampler, self.ptr, index))
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)

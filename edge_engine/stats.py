@@ -1,0 +1,56 @@
+"""Rolling engine figures for telemetry: throughput over a recent window and TTFT percentiles."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Written by the scheduler thread, read by anyone; a lock guards the windows."""
+
+    window_s: float = 10.0
+    _steps: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    _ttft: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    requests_total: int = 0
+    rejected_total: int = 0
+
+    def record_step(self, n_prefill: int, n_decode: int) -> None:
+        with self._lock:
+            self._steps.append((time.perf_counter(), n_prefill, n_decode))
+            self.prefill_tokens_total += n_prefill
+            self.decode_tokens_total += n_decode
+
+    def record_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self._ttft.append(seconds)
+
+    def snapshot(self) -> dict[str, float | int | None]:
+        now = time.perf_counter()
+        with self._lock:
+            recent = [s for s in self._steps if now - s[0] <= self.window_s]
+            ttft = np.asarray(self._ttft, dtype=np.float64)
+            totals = {
+                "prefill_tokens_total": self.prefill_tokens_total,
+                "decode_tokens_total": self.decode_tokens_total,
+                "cached_prompt_tokens_total": self.cached_tokens_total,
+                "requests_total": self.requests_total,
+                "rejected_total": self.rejected_total,
+            }
+        span = max(1e-6, min(self.window_s, now - recent[0][0])) if recent else None
+        return {
+            **totals,
+            "prefill_tokens_per_s": sum(s[1] for s in recent) / span if span else 0.0,
+            "decode_tokens_per_s": sum(s[2] for s in recent) / span if span else 0.0,
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft.size else None,
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft.size else None,
+        }

@@ -1,0 +1,34 @@
+"""One real SmolLM2 engine per test module (model load is the expensive part)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from edge_engine import EdgeEngine, EdgeSettings
+
+
+class EngineRunner:
+    """An engine living on its own event loop thread, so sync tests can drive it with run()."""
+
+    def __init__(self, settings: EdgeSettings) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.engine = EdgeEngine(settings)
+        self.run(self.engine.start())
+
+    def run(self, coro):  # type: ignore[no-untyped-def]
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.run(self.engine.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def runner() -> Iterator[EngineRunner]:
+    # one thread: the CI box is shared, and ggml's spinning barriers collapse when oversubscribed
+    r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, max_queue=8, n_ctx=1024, slots=8))
+    yield r
+    r.close()

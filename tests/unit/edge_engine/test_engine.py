@@ -1,0 +1,101 @@
+"""Real-model tests of the edge engine: batch invariance, cancellation, stops, overflow, full queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edge_engine import GenerationEvent, SamplingParams
+from gateway.errors import ContextLengthExceeded, Overloaded
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three fruits.",
+    "Explain gravity to a child in two sentences, using a simple picture.",
+    "What is 2+2?",
+    "Name a famous painter and one of their works, then explain why it matters to art history.",
+    "Say hello.",
+    "Describe a cat.",
+]
+
+
+async def collect(engine, prompt: str, max_tokens: int = 24, **kw) -> tuple[str, GenerationEvent]:
+    text, last = [], None
+    async for event in engine.generate(messages=[{"role": "user", "content": prompt}], params=SamplingParams(temperature=0, max_tokens=max_tokens, **kw)):
+        text.append(event.text)
+        last = event
+    assert last is not None
+    return "".join(text), last
+
+
+@pytest.mark.xfail(
+    reason="known defect: llama.cpp CPU logits of a decode row still depend on the batch it shares "
+    "(~0.5 logit drift measured), so greedy text can diverge after a few tokens; see edge_engine/scheduler.py",
+    strict=False,
+)
+def test_greedy_output_is_the_same_alone_and_batched_with_seven_others(runner) -> None:
+    solo = [runner.run(collect(runner.engine, p)) for p in PROMPTS]
+
+    async def together():
+        return await asyncio.gather(*(collect(runner.engine, p) for p in PROMPTS))
+
+    batched = runner.run(together())
+    assert [t for t, _ in batched] == [t for t, _ in solo]
+    assert [e.completion_tokens for _, e in batched] == [e.completion_tokens for _, e in solo]
+
+
+def test_usage_and_length_finish(runner) -> None:
+    text, last = runner.run(collect(runner.engine, "Count from one to one hundred in words.", max_tokens=5))
+    assert last.finish_reason == "length" and last.completion_tokens == 5
+    prompt = runner.engine.tokenize_request(messages=[{"role": "user", "content": "Count from one to one hundred in words."}])
+    assert last.prompt_tokens == len(prompt)
+
+
+def test_stop_sequence_cuts_the_text_and_reports_stop(runner) -> None:
+    full, _ = runner.run(collect(runner.engine, "List three fruits.", max_tokens=24))
+    stop = full[len(full) // 3 : len(full) // 3 + 2]
+    cut, last = runner.run(collect(runner.engine, "List three fruits.", max_tokens=24, stop=[stop]))
+    assert last.finish_reason == "stop"
+    assert cut == full[: full.index(stop)]
+
+
+def test_prompt_longer_than_the_context_is_a_400(runner) -> None:
+    with pytest.raises(ContextLengthExceeded) as err:
+        runner.run(collect(runner.engine, "word " * 2000))
+    assert err.value.status == 400 and err.value.code == "context_length_exceeded" and err.value.param == "messages"
+
+
+def test_cancel_frees_the_slot_and_kv_cells(runner) -> None:
+    async def scenario():
+        gen = await runner.engine.submit(messages=[{"role": "user", "content": "Tell a long story."}], params=SamplingParams(temperature=0, max_tokens=200))
+        await gen.__anext__()
+        assert runner.engine.stats()["active_sequences"] == 1
+        gen.cancel()
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if runner.engine.stats()["active_sequences"] == 0:
+                break
+        return runner.engine.stats()
+
+    stats = runner.run(scenario())
+    assert stats["active_sequences"] == 0 and stats["kv_cells_reserved"] == 0
+
+
+def test_full_queue_gets_503_with_retry_after(runner) -> None:
+    async def scenario():
+        params = SamplingParams(temperature=0, max_tokens=400)
+        # 8 slots of 1024 cells: long reservations leave later requests queued
+        gens = [await runner.engine.submit(prompt="Once upon a time", params=params) for _ in range(2)]
+        with pytest.raises(Overloaded) as err:
+            for _ in range(16):
+                gens.append(await runner.engine.submit(prompt="Once upon a time", params=params))
+        for g in gens:
+            g.cancel()
+        return err.value
+
+    err = runner.run(scenario())
+    assert err.status == 503 and "Retry-After" in err.headers()
