@@ -14,7 +14,7 @@ from gateway.middleware import build_middleware
 from gateway.models import ModelResolver
 from gateway.pipeline import order
 from gateway.pipeline.runner import Pipeline
-from gateway.routes import health, openai
+from gateway.routes import health, metrics, openai, usage
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
@@ -38,6 +38,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
     app[SETTINGS] = settings
     openai.add_routes(app)
     health.add_routes(app)
+    usage.add_routes(app)
+    metrics.add_routes(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -28,4 +28,12 @@ def _section_on(name: str) -> Callable[[Settings, Policy], bool]:
     return lambda settings, policy: bool(policy.section(name).get("enabled", True))
 
 
-COMPONENTS: list[Component] = []
+async def _telemetry(settings: Settings, policy: Policy) -> Any:
+    from telemetry.core import build_telemetry
+
+    return await build_telemetry(settings, policy)
+
+
+COMPONENTS: list[Component] = [
+    Component("telemetry", lambda s, p: True, _telemetry),
+]

@@ -109,6 +109,8 @@ class RequestContext:
     first_token_at: float | None = None
     lane_seconds: float = 0.0  # time spent waiting on the lane (not gateway overhead)
     attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes
+    model_span: Any = None  # the open CLIENT span of the lane call; closed when the answer ends
+    model_span: Any = None  # the open CLIENT span of the lane call; closed when the answer ends
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)

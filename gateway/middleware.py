@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.auth import KeyTable
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render_unexpected
-from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID
+from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES
 from gateway.respond import lane_header
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,19 @@ def error_response(err: GatewayError, rid: str, received: float, extra: dict[str
 def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        services = request.app.get(SERVICES)
+        telemetry = services.telemetry if services is not None else None
+        if telemetry is None:
+            return await _handle(request, handler)
+        with telemetry.server_span(request) as span:
+            response = await _handle(request, handler)
+            ctx = request.get(CONTEXT)
+            if ctx is not None:
+                span.bind(ctx)
+            span.set_status_code(response.status)
+            return response
+
+    async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         received = time.perf_counter()
         rid = request_id(request)
         request[REQUEST_ID] = rid

@@ -87,13 +87,21 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
         raise
     response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **answer_headers(ctx, answer.headers)})
     outcome = Outcome(status=200, response=None, complete=False)
+    telemetry = pipeline.services.telemetry
+    # Budgets on streams are enforced by the tokens actually produced: charge_chunk raises
+    # RateLimited once the caller passes a limit, which ends the stream with an error event.
+    charge = telemetry.charge_chunk if telemetry is not None and ctx.lane != "cache" else None
     try:
         await response.prepare(request)
         if first is not None:
             assembler.add(first)
+            if charge is not None:
+                charge(ctx, first)
             await response.write(b"data: " + orjson.dumps(first) + b"\n\n")
             async for chunk in chunks:
                 assembler.add(chunk)
+                if charge is not None:
+                    charge(ctx, chunk)
                 await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await response.write(DONE_FRAME)
         outcome.complete = True

@@ -105,6 +105,7 @@ class TelemetrySettings(_Strict):
     service_name: str = "tierlane"
     tracing: bool = True
     metrics: bool = True
+    metering: bool = Field(True, description="ledger rows, cost attribution and budgets")
     record_content: bool = False
     tenants: list[str] = Field(default_factory=list)
     apps: list[str] = Field(default_factory=list)

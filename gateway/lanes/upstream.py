@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -17,8 +17,14 @@ from gateway.upstream.sse import DONE, iter_events
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
 
-async def answer(pool: UpstreamPool, ctx: RequestContext) -> Answer:
-    """Send ctx.body upstream; return the JSON answer or a relay of the stream."""
+async def answer(
+    pool: UpstreamPool, ctx: RequestContext, inject_trace: Callable[[dict[str, str]], None] | None = None
+) -> Answer:
+    """Send ctx.body upstream; return the JSON answer or a relay of the stream.
+
+    The client's `traceparent` is forwarded as is; with tracing on, `inject_trace` replaces
+    it with the gateway's own span, a child of the client's trace.
+    """
     body = ctx.body
     if ctx.target_model and ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
@@ -30,13 +36,16 @@ async def answer(pool: UpstreamPool, ctx: RequestContext) -> Answer:
         # when the client did not ask for it.
         options["include_usage"] = True
         body = {**body, "stream_options": options}
+    headers = forwardable_headers(ctx.headers)
+    if inject_trace is not None:
+        inject_trace(headers)
     started = time.perf_counter()
     try:
         reply = await pool.send(
             ctx.pool or "default",
             PATHS[ctx.operation],
             body,
-            headers=forwardable_headers(ctx.headers),
+            headers=headers,
             model=body.get("model", ctx.model),
             stream=ctx.stream,
             client_authorization=ctx.headers.get("Authorization"),

@@ -7,7 +7,10 @@ run in order after the client has its answer.
 """
 
 STAGES: list[tuple[str, str | None]] = [
+    ("gateway.pipeline.budget", "budgets"),  # limits are counted before any work is done
+    ("gateway.pipeline.trim", "trim"),
 ]
 
 HOOKS: list[tuple[str, str | None]] = [
+    ("gateway.pipeline.meter", None),  # last: it bills what the other hooks decided
 ]

@@ -39,18 +39,35 @@ class Pipeline:
                     early = await stage.run(ctx)
                 if early is not None:
                     return early
-        with _span(tel, "model_span", ctx):
+        if tel is None:
             return await self._execute(ctx)
+        # The model span stays open past this method: a stream's usage and duration are only
+        # known when it ends, so `complete` closes it.
+        span = tel.model_span(ctx)
+        span.__enter__()
+        try:
+            answer = await self._execute(ctx)
+        except BaseException as exc:
+            span.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        ctx.model_span = span
+        return answer
 
     async def _execute(self, ctx: RequestContext) -> Answer:
         if ctx.lane == "edge":
             from gateway.lanes import edge as edge_lane
 
             return await edge_lane.answer(self.services.engine, ctx)
-        return await upstream_lane.answer(self.services.pool, ctx)
+        tel = self.services.telemetry
+        inject = tel.spans.inject if tel is not None and tel.spans.enabled else None
+        return await upstream_lane.answer(self.services.pool, ctx, inject_trace=inject)
 
     def complete(self, ctx: RequestContext, outcome: Outcome) -> None:
-        """Run the hooks off the response path; drained on shutdown."""
+        """Close the model span and run the hooks off the response path; drained on shutdown."""
+        span, ctx.model_span = ctx.model_span, None
+        if span is not None:
+            span.set_response(outcome.response)
+            span.__exit__(None, None, None)
         if not self.hooks:
             return
         task = asyncio.get_running_loop().create_task(self._run_hooks(ctx, outcome))
