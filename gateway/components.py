@@ -34,6 +34,16 @@ async def _telemetry(settings: Settings, policy: Policy) -> Any:
     return await build_telemetry(settings, policy)
 
 
+async def _engine(settings: Settings, policy: Policy) -> Any:
+    from edge_engine import EdgeEngine, EdgeSettings
+
+    cfg = settings.edge.model_dump(exclude={"enabled", "aliases"}, exclude_none=True)
+    engine = EdgeEngine(EdgeSettings(**cfg))
+    await engine.start()
+    return engine
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
+    Component("engine", lambda s, p: s.edge.enabled, _engine),
 ]

@@ -90,7 +90,7 @@ class EdgeSettingsModel(_Strict):
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=8)
     slots: int = Field(8, ge=1)
-    prefill_chunk: int = Field(256, ge=8)
+    prefill_chunk: int = Field(64, ge=8)
     n_gpu_layers: int = 0
     max_queue: int = Field(64, ge=1)
 
