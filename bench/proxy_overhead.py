@@ -24,7 +24,7 @@ BODY = {"model": "fast-model", "messages": [{"role": "user", "content": "What is
 PASS_THROUGH: dict[str, Any] = {
     "edge": {"enabled": False},
     "embedder": {"enabled": False},
-    "telemetry": {"tracing": False, "metrics": False},
+    "telemetry": {"tracing": False, "metrics": False, "metering": False},
     "policy": {k: {"enabled": False} for k in ("cache", "router", "trim", "budgets")},
 }
 

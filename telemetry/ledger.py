@@ -127,6 +127,7 @@ class Ledger:
         self._queue: queue.SimpleQueue[LedgerRow | _Flush | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._urgent = threading.Event()
         self._error: BaseException | None = None
 
     def start(self) -> None:
@@ -152,6 +153,7 @@ class Ledger:
             return False
         done = threading.Event()
         self._queue.put(_Flush(done))
+        self._urgent.set()
         return done.wait(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -159,6 +161,7 @@ class Ledger:
         if self._thread is None:
             return
         self._queue.put(_Stop())
+        self._urgent.set()
         self._thread.join(timeout)
         self._thread = None
 
@@ -191,48 +194,39 @@ class Ledger:
 
     def _loop(self, conn: sqlite3.Connection) -> None:
         while True:
-            item = self._queue.get()
-            batch: list[LedgerRow] = []
+            first = self._queue.get()
+            # NOTE: the writer sleeps out the commit window instead of waking for every row:
+            # a per-row wake-up makes each append a GIL hand-off that the event loop pays for.
+            # flush() and close() cut the wait short through `_urgent`.
+            if not isinstance(first, (_Flush, _Stop)):
+                self._urgent.wait(self.commit_window_s)
+            self._urgent.clear()
             waiters: list[threading.Event] = []
-            stop = False
-            deadline = time.monotonic() + self.commit_window_s
-            while True:
+            stop = isinstance(first, _Stop)
+            if isinstance(first, _Flush):
+                waiters.append(first.done)
+            batch = [first] if isinstance(first, LedgerRow) else []
+            for item in self._drain_all():
                 if isinstance(item, LedgerRow):
                     batch.append(item)
                 elif isinstance(item, _Flush):
                     waiters.append(item.done)
-                    break
                 else:
                     stop = True
-                    break
-                if len(batch) >= MAX_BATCH:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    item = self._queue.get(timeout=remaining)
-                except queue.Empty:
-                    break
-            if stop:
-                batch.extend(self._drain(waiters))
-            self._write(conn, batch)
+            for start in range(0, len(batch), MAX_BATCH):
+                self._write(conn, batch[start : start + MAX_BATCH])
             for done in waiters:
                 done.set()
             if stop:
                 return
 
-    def _drain(self, waiters: list[threading.Event]) -> list[LedgerRow]:
-        rows: list[LedgerRow] = []
+    def _drain_all(self) -> list[LedgerRow | _Flush | _Stop]:
+        items: list[LedgerRow | _Flush | _Stop] = []
         while True:
             try:
-                item = self._queue.get_nowait()
+                items.append(self._queue.get_nowait())
             except queue.Empty:
-                return rows
-            if isinstance(item, LedgerRow):
-                rows.append(item)
-            elif isinstance(item, _Flush):
-                waiters.append(item.done)
+                return items
 
     def _write(self, conn: sqlite3.Connection, batch: list[LedgerRow]) -> None:
         if not batch:
