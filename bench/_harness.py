@@ -75,9 +75,19 @@ def summary_ms(latencies_s: list[float]) -> dict[str, float]:
 
 
 async def load(
-    url: str, body: dict[str, Any], *, concurrency: int, requests: int, headers: dict[str, str] | None = None, progress: Any = None
+    url: str,
+    body: dict[str, Any],
+    *,
+    concurrency: int,
+    requests: int,
+    headers: dict[str, str] | None = None,
+    progress: Any = None,
+    overheads: list[float] | None = None,
 ) -> tuple[list[float], float, int]:
-    """Send `requests` POSTs with `concurrency` in flight; return (latencies, wall seconds, errors)."""
+    """Send `requests` POSTs with `concurrency` in flight; return (latencies, wall seconds, errors).
+
+    With `overheads`, the gateway's own `x-tierlane-overhead-ms` of each answer is collected.
+    """
     latencies: list[float] = []
     errors = 0
     todo = iter(range(requests))
@@ -93,6 +103,8 @@ async def load(
                 await resp.read()
                 if resp.status != 200:
                     errors += 1
+                if overheads is not None and "x-tierlane-overhead-ms" in resp.headers:
+                    overheads.append(float(resp.headers["x-tierlane-overhead-ms"]))
             latencies.append(time.perf_counter() - t0)
             if progress is not None:
                 progress.update(1)

@@ -40,6 +40,7 @@ def pass_through_config(upstream_url: str, state_dir: str) -> dict[str, Any]:
 async def measure(targets: dict[str, str], concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     lat: dict[str, list[float]] = {k: [] for k in targets}
+    self_reported: list[float] = []
     walls: dict[str, float] = {k: 0.0 for k in targets}
     errors: dict[str, int] = {k: 0 for k in targets}
     per_round = max(1, requests // rounds)
@@ -48,12 +49,18 @@ async def measure(targets: dict[str, str], concurrency: int, requests: int, roun
             await load(url, BODY, concurrency=concurrency, requests=min(200, per_round))
         for _ in range(rounds):
             for name, url in targets.items():
-                l, wall, err = await load(url, BODY, concurrency=concurrency, requests=per_round, progress=bar)
+                l, wall, err = await load(
+                    url, BODY, concurrency=concurrency, requests=per_round, progress=bar,
+                    overheads=self_reported if name == "tierlane" else None,
+                )
                 lat[name] += l
                 walls[name] += wall
                 errors[name] += err
     for name in targets:
         out[name] = {**summary_ms(lat[name]), "rps": round(len(lat[name]) / walls[name], 1), "errors": errors[name]}
+    # What the gateway measured of itself (x-tierlane-overhead-ms): excludes the extra process
+    # hop, which on a loaded 2-core machine is mostly scheduler wait.
+    out["gateway_self_reported"] = summary_ms([x / 1000 for x in self_reported])
     return out
 
 

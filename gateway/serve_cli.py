@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 
 from aiohttp import web
@@ -21,6 +22,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides.setdefault("server", {})["port"] = args.port
     settings = Settings.load(args.config, overrides=overrides)
+    if settings.server.uvloop:
+        _use_uvloop()
     app = create_app(settings)
     print(f"tierlane listening on http://{settings.server.host}:{settings.server.port}/v1", flush=True)
     web.run_app(
@@ -33,6 +36,15 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        logging.getLogger(__name__).info("uvloop is not installed; using asyncio's own loop")
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def _hash_key(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ class ServerSettings(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_n: int = Field(8, ge=1, description="largest `n` a request may ask for")
     shutdown_timeout_s: float = Field(10.0, gt=0)
+    uvloop: bool = Field(True, description="run on uvloop where it is installed (faster I/O)")
 
 
 class ApiKey(_Strict):
