@@ -1,0 +1,103 @@
+"""Workload files: JSON lines, one request each, with an optional arrival offset `at` in seconds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OPERATIONS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be replayed; the message names the file and line."""
+
+
+@dataclass(slots=True, frozen=True)
+class WorkItem:
+    """One request of a workload: when to send it (seconds after the start) and what to send."""
+
+    index: int
+    at: float
+    body: dict[str, Any]
+    operation: str = "chat"
+    kind: str | None = None  # free label from the generator (repeat, paraphrase, simple, hard)
+    id: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return OPERATIONS[self.operation]
+
+
+def parse_line(raw: dict[str, Any], index: int, where: str) -> WorkItem:
+    """One decoded line. Accepts `{"at", "body", ...}` or a bare OpenAI request body."""
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    body = raw.get("body", raw if "messages" in raw or "prompt" in raw else None)
+    if not isinstance(body, dict):
+        raise WorkloadError(f"{where}: needs a `body` object (an OpenAI request) or `messages`/`prompt` at top level")
+    operation = raw.get("operation") or ("completions" if "prompt" in body and "messages" not in body else "chat")
+    if operation not in OPERATIONS:
+        raise WorkloadError(f"{where}: operation must be one of {', '.join(OPERATIONS)}, got {operation!r}")
+    if operation == "chat" and not isinstance(body.get("messages"), list):
+        raise WorkloadError(f"{where}: a chat request needs a `messages` list")
+    if operation == "completions" and not isinstance(body.get("prompt"), str | list):
+        raise WorkloadError(f"{where}: a completions request needs a `prompt`")
+    at = raw.get("at", 0.0)
+    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0:
+        raise WorkloadError(f"{where}: `at` must be a number of seconds >= 0, got {at!r}")
+    headers = raw.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise WorkloadError(f"{where}: `headers` must map names to strings")
+    body = {"model": "auto", **body}
+    kind = raw.get("kind")
+    ident = raw.get("id")
+    return WorkItem(
+        index=index,
+        at=float(at),
+        body=body,
+        operation=operation,
+        kind=str(kind) if kind is not None else None,
+        id=str(ident) if ident is not None else None,
+        headers=dict(headers),
+    )
+
+
+def read_lines(lines: Iterable[str], source: str = "<workload>") -> list[WorkItem]:
+    items: list[WorkItem] = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        items.append(parse_line(raw, len(items), where))
+    if not items:
+        raise WorkloadError(f"{source}: no requests in the file")
+    # Stable: equal offsets keep file order.
+    return sorted(items, key=lambda item: item.at)
+
+
+def read_workload(path: str | Path) -> list[WorkItem]:
+    """All requests of a JSON-lines workload, sorted by `at`; raises WorkloadError on bad input."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as fh:
+        return read_lines(fh, str(path))
+
+
+def write_workload(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write records as JSON lines; returns how many."""
+    count = 0
+    with Path(path).open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
