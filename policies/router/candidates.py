@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from sklearn.compose import ColumnTransformer
+from sklearn.decomposition import PCA
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 
 FeatureSet = str  # "embedding" | "text" | "both"
 
@@ -23,6 +26,7 @@ class TrainSet:
     txt: np.ndarray
     label: np.ndarray
     weak_wrong: np.ndarray
+    gain: np.ndarray  # strong correct - weak correct: +1 strong-only win, -1 weak-only win
     math_emb: np.ndarray | None = None
     math_txt: np.ndarray | None = None
     math_level: np.ndarray | None = None
@@ -61,11 +65,13 @@ def default_candidates() -> list[Candidate]:
         Candidate("lr_both_c0.1", "lr", "both", c=0.1),
         Candidate("lr_both_weak_wrong", "lr", "both", c=0.02, target="weak_wrong",
                   note="trained on 'weak model wrong' instead of 'weak wrong and strong right'"),
+        Candidate("ridge_both_gain", "ridge", "both", c=0.02, target="gain",
+                  note="ridge regression on strong-minus-weak correctness (-1/0/+1): losses count too"),
         Candidate("lr_both_math_rows", "lr", "both", c=0.02, aux="math_rows",
                   note="MATH level 4-5 added as positives, level 1-2 as negatives, weight 0.3"),
         Candidate("lr_both_math_difficulty", "lr", "both", c=0.02, aux="math_difficulty",
                   note="a ridge MATH-level predictor added as one feature"),
-        Candidate("hgb_both", "hgb", "both"),
+        Candidate("hgb_both", "hgb", "both", note="gradient boosting on text features + 32 PCA components of the embedding"),
         Candidate("knn_embedding", "knn", "embedding", shippable=False,
                   note="stores every training vector (~15 MB): over the 2 MB artifact budget"),
     ]
@@ -94,7 +100,7 @@ def _math_difficulty_model(data: TrainSet) -> tuple[np.ndarray, np.ndarray, floa
 
 def fit_candidate(candidate: Candidate, data: TrainSet, seed: int) -> Fitted:
     """Fit on `data`; linear candidates also get their weights folded back to raw features."""
-    y = data.weak_wrong if candidate.target == "weak_wrong" else data.label
+    y = {"weak_wrong": data.weak_wrong, "gain": data.gain}.get(candidate.target, data.label)
     emb, txt = data.emb, data.txt
     weights: np.ndarray | None = None
     d = emb.shape[1]
@@ -103,7 +109,7 @@ def fit_candidate(candidate: Candidate, data: TrainSet, seed: int) -> Fitted:
         keep = data.math_level != 3
         emb = np.vstack([emb, data.math_emb[keep]])
         txt = np.vstack([txt, data.math_txt[keep]])
-        y = np.concatenate([y, (data.math_level[keep] >= 4).astype(y.dtype)])
+        y = np.concatenate([y, (data.math_level[keep] >= 4).astype(y.dtype)])  # only with 0/1 targets
         weights = np.concatenate([np.ones(len(data.label)), np.full(int(keep.sum()), 0.3)])
     extra = None
     if candidate.aux == "math_difficulty":
@@ -115,12 +121,26 @@ def fit_candidate(candidate: Candidate, data: TrainSet, seed: int) -> Fitted:
         est: Any = make_pipeline(StandardScaler(), LogisticRegression(C=candidate.c, max_iter=2000))
         est.fit(x, y, logisticregression__sample_weight=weights)
         return Fitted(candidate, est, _fold_linear(est, candidate.features, d, txt.shape[1], extra))
+    if candidate.family == "ridge":
+        # alpha = 1/C on standardized columns, so C means the same as for logistic regression
+        est = make_pipeline(StandardScaler(), Ridge(alpha=1.0 / candidate.c))
+        est.fit(x, y.astype(np.float64), ridge__sample_weight=weights)
+        return Fitted(candidate, est, _fold_linear(est, candidate.features, d, txt.shape[1], extra))
     if candidate.family == "hgb":
-        est = HistGradientBoostingClassifier(
-            max_iter=100, learning_rate=0.1, max_leaf_nodes=15, l2_regularization=1.0,
-            early_stopping=True, validation_fraction=0.15, random_state=seed,
-        )
-        est.fit(x, y, sample_weight=weights)
+        # Trees over 384 raw embedding dims are slow and overfit; 32 principal components keep the gist.
+        reduce = ColumnTransformer(
+            [("pca", PCA(n_components=min(32, d), random_state=seed), slice(0, d)), ("text", "passthrough", slice(d, None))]
+        ) if candidate.features == "both" else "passthrough"
+        est = Pipeline([
+            ("reduce", reduce),
+            ("hgb", HistGradientBoostingClassifier(
+                max_iter=100, learning_rate=0.1, max_leaf_nodes=15, l2_regularization=1.0,
+                early_stopping=True, validation_fraction=0.15, random_state=seed,
+            )),
+        ])
+        # NOTE: one OpenMP thread: on a shared 2-core machine more threads spin and slow every fit.
+        with threadpool_limits(limits=1):
+            est.fit(x, y, hgb__sample_weight=weights)
         return Fitted(candidate, est, None)
     if candidate.family == "knn":
         est = KNeighborsClassifier(n_neighbors=100, algorithm="brute")
@@ -134,9 +154,9 @@ def _fold_linear(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Undo the scaler (and any stacked ridge feature) so the decision is w_emb·e + w_text·f + b."""
     scaler: StandardScaler = est[0]
-    lr: LogisticRegression = est[-1]
-    w = lr.coef_[0] / scaler.scale_
-    b = float(lr.intercept_[0] - w @ scaler.mean_)
+    model = est[-1]  # LogisticRegression or Ridge: both linear in the scaled columns
+    w = np.ravel(model.coef_) / scaler.scale_
+    b = float(np.ravel(model.intercept_)[0] - w @ scaler.mean_)
     w_emb, w_text = np.zeros(d), np.zeros(t)
     if features == "embedding":
         w_emb += w[:d]

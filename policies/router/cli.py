@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--cache", type=Path, default=None, help="embedding cache dir (default: .tierlane/cache/router)")
     train.add_argument("--out", type=Path, default=None, help="artifact directory to write (default: write nothing)")
     train.add_argument("--seed", type=int, default=13)
-    train.add_argument("--folds", type=int, default=4)
+    train.add_argument("--folds", type=int, default=8)
     train.add_argument("--only", nargs="*", default=[], help="candidate names to try (default: all)")
     train.add_argument("--report", type=Path, default=None, help="also write the manifest body to this JSON file")
     train.set_defaults(func=_train)

@@ -12,26 +12,26 @@ import numpy as np
 # Bump whenever a feature is added, removed, reordered or computed differently:
 # shipped artifacts record it and refuse to load against another version.
 FEATURE_VERSION = 1
+SAMPLE_CHARS = 2000
 
 Messages = Sequence[Mapping[str, Any]]
 Prompt = str | Messages
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
-_WORD = re.compile(r"[^\W\d_]+")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?")
-_CODE_FENCE = re.compile(r"```")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _CODE_LINE = re.compile(
     r"^\s*(?:def |class |import |from \S+ import|#include|function\b|public |private |return\b|for\s*\(|if\s*\(|SELECT\b|</?\w+>)"
     r"|[;{}]\s*$",
     re.MULTILINE,
 )
-_MATH = re.compile(r"\\[a-zA-Z]+|\$|[=<>^√∑∫π≤≥±×÷]|\b(?:sin|cos|tan|log|ln|lim|sqrt|mod)\b")
-_MULTI_STEP = re.compile(
-    r"\b(?:step[- ]by[- ]step|first(?:ly)?|then|next|finally|afterwards|prove|proof|derive|show that"
-    r"|explain why|justify|calculate|compute|solve|determine|how many|how much|evaluate|simplify"
-    r"|compare|analy[sz]e|implement|design|optimi[sz]e)\b",
-    re.IGNORECASE,
+_LATEX = re.compile(r"\\[a-zA-Z]+")
+_MATH_CHARS = "$=<>^√∑∫π≤≥±×÷"
+_MATH_WORDS = frozenset("sin cos tan log ln lim sqrt mod".split())
+_STEP_WORDS = frozenset(
+    "first firstly then next finally afterwards prove proof derive justify calculate compute solve determine"
+    " evaluate simplify compare analyze analyse implement design optimize optimise".split()
 )
+_STEP_PHRASES = ("step by step", "step-by-step", "show that", "explain why", "how many", "how much")
 _STOPWORDS = frozenset(
     "the a an of to in and or is are was were be it that this for on with as by at from what which who"
     " how why when where not can do does i you we they he she".split()
@@ -97,12 +97,20 @@ def text_features(prompt: Prompt) -> np.ndarray:
     """The FEATURE_NAMES vector (float64) for one prompt string or chat message list."""
     text = last_user_text(prompt)
     turns, has_system = _conversation_shape(prompt)
-    tokens = _TOKEN.findall(text)
-    n_tokens = len(tokens)
-    words = _WORD.findall(text)
+    # Regexes read at most SAMPLE_CHARS (head and tail) and counts are scaled up, so a huge
+    # pasted document costs the same as a page; len(), count() and encode() still see everything.
+    sample = text if len(text) <= SAMPLE_CHARS else text[: SAMPLE_CHARS // 2] + "\n" + text[-SAMPLE_CHARS // 2 :]
+    scale = len(text) / max(len(sample), 1)
+    tokens = _TOKEN.findall(sample)
+    n_tokens = len(tokens) * scale
+    words = [w.lower() for w in filter(str.isalpha, tokens)]
     n_words = len(words)
-    n_numbers = len(_NUMBER.findall(text))
-    non_ascii = sum(1 for ch in text if ord(ch) > 127)
+    lowered = sample.lower()
+    n_numbers = len(_NUMBER.findall(sample)) * scale
+    n_math = len(_LATEX.findall(sample)) + sum(map(sample.count, _MATH_CHARS)) + sum(map(_MATH_WORDS.__contains__, words))
+    n_steps = sum(map(_STEP_WORDS.__contains__, words)) + sum(map(lowered.count, _STEP_PHRASES))
+    code_lines = len(_CODE_LINE.findall(sample)) if ("\n" in sample or ";" in sample or "{" in sample) else 0
+    non_ascii = len(text) - len(text.encode("ascii", "ignore"))
     first_line = text.lstrip()[:200]
     values = [
         math.log1p(n_tokens),
@@ -110,15 +118,15 @@ def text_features(prompt: Prompt) -> np.ndarray:
         math.log1p(text.count("\n")),
         math.log1p(turns - 1),
         float(has_system),
-        float(len(_CODE_FENCE.findall(text)) // 2),
-        math.log1p(len(_CODE_LINE.findall(text))),
-        len(_MATH.findall(text)) / (n_tokens + 1),
+        float(text.count("```") // 2),
+        math.log1p(code_lines * scale),
+        n_math * scale / (n_tokens + 1),
         math.log1p(n_numbers),
         n_numbers / (n_tokens + 1),
-        math.log1p(len(_MULTI_STEP.findall(text))),
+        math.log1p(n_steps * scale),
         math.log1p(text.count("?")),
-        (sum(len(w) for w in words) / n_words) if n_words else 0.0,
-        (sum(1 for w in words if w.lower() in _STOPWORDS) / n_words) if n_words else 0.0,
+        (sum(map(len, words)) / n_words) if n_words else 0.0,
+        (sum(map(_STOPWORDS.__contains__, words)) / n_words) if n_words else 0.0,
         non_ascii / (len(text) + 1),
         *(1.0 if pattern.match(first_line) else 0.0 for _, pattern in _QUESTION_TYPES),
     ]

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from policies.router.artifact import Artifact, RouterArtifactError, load_artifact
 from policies.router.calibration import GapCurve, threshold_for_target
 from policies.router.features import FEATURE_NAMES, Prompt, text_feature_matrix, text_features
+from policies.router.trees import FlatForest
 
 
 @dataclass(slots=True)
@@ -25,9 +27,12 @@ class Router:
     w_text: np.ndarray | None
     bias: float
     estimator: Any
+    features: str  # columns the sklearn estimator takes: "embedding" | "text" | "both"
+    platt: tuple[float, float]  # slope, offset over the sklearn estimator's log-odds
     curve: GapCurve | None
     default_threshold: float
     manifest: dict[str, Any]
+    fast: FlatForest | None = None  # numpy copy of a tree ensemble for one-row scoring
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Router:
@@ -36,7 +41,19 @@ class Router:
 
     @classmethod
     def from_artifact(cls, artifact: Artifact) -> Router:
-        p = artifact.params
+        table = artifact.manifest.get("calibration", {}).get("curve")
+        return cls.from_params(
+            artifact.params,
+            curve=GapCurve.from_table(table) if table else None,
+            default_threshold=float(artifact.manifest.get("default_threshold", 0.5)),
+            manifest=artifact.manifest,
+        )
+
+    @classmethod
+    def from_params(
+        cls, p: dict[str, Any], *, curve: GapCurve | None, default_threshold: float, manifest: dict[str, Any]
+    ) -> Router:
+        """A router from fitted parameters (what `router.joblib` holds)."""
         kind = p.get("kind")
         if kind not in ("linear", "sklearn"):
             raise RouterArtifactError(f"router artifact has unknown kind {kind!r}")
@@ -47,7 +64,12 @@ class Router:
             w_text = np.ascontiguousarray(p["w_text"], dtype=np.float64)
             if w_emb.shape != (dimension,) or w_text.shape != (len(FEATURE_NAMES),):
                 raise RouterArtifactError("router artifact coefficients do not match its dimensions")
-        table = artifact.manifest.get("calibration", {}).get("curve")
+        slope, offset = p.get("platt", (1.0, 0.0))
+        fast = None
+        estimator = p.get("estimator")
+        if kind == "sklearn" and p.get("features") == "both" and hasattr(estimator, "named_steps") \
+                and "hgb" in estimator.named_steps:
+            fast = FlatForest.from_pipeline(estimator)
         return cls(
             kind=kind,
             dimension=dimension,
@@ -55,9 +77,12 @@ class Router:
             w_text=w_text,
             bias=float(p.get("bias", 0.0)),
             estimator=p.get("estimator"),
-            curve=GapCurve.from_table(table) if table else None,
-            default_threshold=float(artifact.manifest.get("default_threshold", 0.5)),
-            manifest=artifact.manifest,
+            features=str(p.get("features", "both")),
+            platt=(float(slope), float(offset)),
+            curve=curve,
+            default_threshold=default_threshold,
+            manifest=manifest,
+            fast=fast,
         )
 
     def _embedding(self, embedding: Any) -> np.ndarray:
@@ -74,8 +99,12 @@ class Router:
             assert self.w_emb is not None and self.w_text is not None
             z = float(self.w_emb @ vec) + float(self.w_text @ feats) + self.bias
             return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
-        x = np.concatenate([vec.astype(np.float64), feats])[None, :]
-        return float(self.estimator.predict_proba(x)[0, 1])
+        if self.fast is not None:
+            # sklearn's per-call overhead (validation, thread pools) is milliseconds; the walk is microseconds.
+            slope, offset = self.platt
+            z = slope * self.fast.raw(vec, feats) + offset
+            return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+        return float(self._sklearn(vec[None, :], feats[None, :])[0])
 
     def score_batch(self, prompts: Sequence[Prompt], embeddings: np.ndarray) -> np.ndarray:
         """Scores for many prompts at once (evaluation, the score CLI)."""
@@ -87,8 +116,16 @@ class Router:
             assert self.w_emb is not None and self.w_text is not None
             z = emb.astype(np.float64) @ self.w_emb.astype(np.float64) + feats @ self.w_text + self.bias
             return 1.0 / (1.0 + np.exp(-np.clip(z, -700, 700)))
-        x = np.hstack([emb.astype(np.float64), feats])
-        return np.asarray(self.estimator.predict_proba(x)[:, 1], dtype=np.float64)
+        return self._sklearn(emb, feats)
+
+    def _sklearn(self, emb: np.ndarray, feats: np.ndarray) -> np.ndarray:
+        cols = {"embedding": emb.astype(np.float64), "text": feats}.get(self.features)
+        x = np.hstack([emb.astype(np.float64), feats]) if cols is None else cols
+        # NOTE: one OpenMP thread: tree prediction on a busy machine otherwise spins for milliseconds.
+        with threadpool_limits(limits=1):
+            p = np.clip(self.estimator.predict_proba(x)[:, 1], 1e-6, 1 - 1e-6)
+        slope, offset = self.platt
+        return 1.0 / (1.0 + np.exp(-(slope * np.log(p / (1 - p)) + offset)))
 
     def threshold_for(self, mode: str, value: float) -> float:
         """A score threshold for a target, calibrated on the held-out curve shipped in the manifest."""

@@ -97,7 +97,7 @@ class RoutePolicy:
 
     def _build(self, router_sec: dict[str, Any], lanes_sec: dict[str, Any]) -> RouteRules:
         mode, value = _target(router_sec)
-        lanes = tuple(router_sec.get("lanes") or LANES)
+        lanes = LANES if router_sec.get("lanes") is None else tuple(router_sec["lanes"])
         if not lanes:
             raise ValueError("router.lanes must name at least one lane")
         unknown = [lane for lane in lanes if lane not in LANES]

@@ -17,7 +17,7 @@ def data() -> TrainSet:
     txt = rng.normal(loc=2.0, scale=3.0, size=(n, t))
     label = ((emb[:, 0] + 0.3 * txt[:, 1] + rng.normal(scale=0.5, size=n)) > 0.5).astype(int)
     return TrainSet(
-        emb=emb, txt=txt, label=label, weak_wrong=label,
+        emb=emb, txt=txt, label=label, weak_wrong=label, gain=label,
         math_emb=rng.normal(size=(60, d)).astype(np.float32), math_txt=rng.normal(size=(60, t)),
         math_level=rng.integers(1, 6, 60),
     )
@@ -26,9 +26,12 @@ def data() -> TrainSet:
 @pytest.mark.parametrize("features", ["embedding", "text", "both"])
 def test_folded_weights_match_the_pipeline(data: TrainSet, features: str) -> None:
     fitted = fit_candidate(Candidate("x", "lr", features, c=0.5), data, seed=0)
+    ridge = fit_candidate(Candidate("r", "ridge", features, c=0.5, target="gain"), data, seed=0)
     cols = {"embedding": data.emb, "text": data.txt, "both": np.hstack([data.emb, data.txt])}[features]
     expected = fitted.estimator.decision_function(cols.astype(np.float64))
     np.testing.assert_allclose(decision(fitted, data.emb, data.txt), expected, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(decision(ridge, data.emb, data.txt), ridge.estimator.predict(cols.astype(np.float64)),
+                               rtol=1e-6, atol=1e-8)
 
 
 def test_stacked_math_feature_folds_too(data: TrainSet) -> None:
@@ -47,3 +50,22 @@ def test_nonlinear_families_give_probabilities(data: TrainSet) -> None:
         assert p.shape == (len(data.label),) and (p >= 0).all() and (p <= 1).all()
     with pytest.raises(ValueError, match="unknown model family"):
         fit_candidate(Candidate("z", "svm", "both"), data, seed=0)
+
+
+def test_flat_forest_walk_matches_sklearn(data: TrainSet) -> None:
+    from policies.router.model import Router
+
+    fitted = fit_candidate(Candidate("h", "hgb", "both"), data, seed=0)
+    router = Router.from_params(
+        {"kind": "sklearn", "dimension": data.emb.shape[1], "estimator": fitted.estimator,
+         "features": "both", "platt": (1.3, -0.2)},
+        curve=None, default_threshold=0.5, manifest={},
+    )
+    assert router.fast is not None
+    # Fresh rows: training rows can sit exactly on a split threshold, where rounding in the last bit decides.
+    fresh = np.random.default_rng(9).normal(size=(60, data.emb.shape[1])).astype(np.float32)
+    prompts = ["q", "Why?", "Solve $x^2=4$ step by step"] * 20
+    batch = router.score_batch(prompts, fresh)
+    np.testing.assert_allclose([router.score(p, e) for p, e in zip(prompts, fresh)], batch, rtol=1e-9, atol=1e-12)
+    logits = np.log(batch / (1 - batch))
+    assert np.ptp(logits) > 0.1  # the trees split these rows apart

@@ -8,8 +8,8 @@ from policies.policy import Policy
 from policies.router import RoutePolicy, Router
 
 
-def make(router: Router, **extra: object) -> RoutePolicy:
-    return RoutePolicy(Policy.load(extra=extra), router)
+def make(model: Router, **extra: object) -> RoutePolicy:
+    return RoutePolicy(Policy.load(extra=extra), model)
 
 
 def test_defaults_use_the_calibrated_target(shipped_router: Router) -> None:

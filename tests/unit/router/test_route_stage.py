@@ -13,10 +13,10 @@ from policies.policy import Policy
 from policies.router import RoutePolicy, Router
 
 
-def stage(router: Router, embedder: Embedder | None, *, edge: bool = True, upstream: bool = True,
+def stage(model: Router, embedder: Embedder | None, *, edge: bool = True, upstream: bool = True,
           **extra: object) -> RouteStage:
     return RouteStage(
-        router=router, policy=RoutePolicy(Policy.load(extra=extra), router), embedder=embedder,
+        router=model, policy=RoutePolicy(Policy.load(extra=extra), model), embedder=embedder,
         edge_available=edge, upstream_available=upstream, pool_names=["standard", "critical"] if upstream else [],
         edge_model="edge",
     )
