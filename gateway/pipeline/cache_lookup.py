@@ -1,0 +1,83 @@
+"""Pipeline stage: answer from the semantic cache (exact, then verified semantic match) before routing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.context import Answer, RequestContext, Usage
+from gateway.errors import InvalidRequest
+from policies.cache.replay import fresh_body, replay_chunks
+from policies.cache.scope import build_key, route_header, wants
+from policies.cache.service import SemanticCache
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+logger = logging.getLogger(__name__)
+
+
+def _max_output_tokens(body: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequest(f"`{name}` must be a positive integer", param=name)
+        return value
+    return None
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+@dataclass(slots=True)
+class CacheLookupStage:
+    """Sets ctx.cache_status/key/similarity; on a hit answers with the stored completion."""
+
+    cache: SemanticCache
+    name: str = "cache_lookup"
+
+    async def run(self, ctx: RequestContext) -> Answer | None:
+        route = route_header(ctx.headers)
+        config = self.cache.config_for(tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model, route=route)
+        if not config.enabled or ctx.operation not in config.operations or ctx.operation != "chat":
+            ctx.cache_status = "off"
+            return None
+        key, why = build_key(ctx.body, tenant=ctx.principal.tenant, model=ctx.model, route=route, rules=config.rules)
+        if key is None:
+            ctx.cache_status = "bypass"
+            ctx.attributes["tierlane.cache.bypass_reason"] = why
+            return None
+        ctx.cache_key = key
+        if wants(ctx.headers, "no-cache"):
+            ctx.cache_status = "bypass"
+            ctx.attributes["tierlane.cache.bypass_reason"] = "no-cache"
+            return None
+        max_tokens = _max_output_tokens(ctx.body)
+        hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens)
+        if hit is None:
+            ctx.cache_status = "miss"
+            return None
+        ctx.cache_status = "hit"
+        ctx.cache_similarity = hit.similarity
+        ctx.lane = "cache"
+        ctx.usage = Usage.from_openai(hit.usage)
+        ctx.attributes["tierlane.cache.exact"] = hit.exact
+        body = fresh_body(hit.response, hit.usage)
+        ctx.target_model = body.get("model")
+        headers = {
+            "x-tierlane-cache": "hit",
+            "x-tierlane-cache-similarity": f"{hit.similarity:.4f}",
+            "x-tierlane-cache-key": hit.exact_key,
+        }
+        if ctx.stream:
+            return Answer(lane="cache", chunks=replay_chunks(body, include_usage=_include_usage(ctx.body)), headers=headers)
+        return Answer(lane="cache", body=body, headers=headers)
+
+
+def build(services: Services) -> CacheLookupStage | None:
+    return CacheLookupStage(services.cache) if services.cache is not None else None

@@ -1,0 +1,56 @@
+"""Admin purge of the semantic cache: DELETE /v1/cache?tenant=... and DELETE /v1/cache/{key}."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import InvalidRequest, NotFound, PermissionDenied
+from gateway.keys import PRINCIPAL
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+    from policies.cache.service import SemanticCache
+
+
+def _admin_cache(request: web.Request, services: Services) -> SemanticCache:
+    principal = request.get(PRINCIPAL) or request.get("principal")
+    if principal is None or not principal.admin:
+        raise PermissionDenied("purging the cache needs an admin API key")
+    if services.cache is None:
+        raise NotFound("the semantic cache is switched off on this gateway")
+    cache: SemanticCache = services.cache
+    return cache
+
+
+def _json(payload: dict[str, object]) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+def add_routes(app: web.Application, services: Services) -> None:
+    """Register the purge endpoints; both are admin only."""
+
+    async def purge_tenant(request: web.Request) -> web.Response:
+        cache = _admin_cache(request, services)
+        tenant = request.query.get("tenant", "").strip()
+        if not tenant:
+            raise InvalidRequest("say which tenant's entries to purge: DELETE /v1/cache?tenant=NAME", param="tenant")
+        deleted = await cache.purge_tenant(tenant)
+        return _json({"object": "cache.purge", "tenant": tenant, "deleted": deleted})
+
+    async def purge_key(request: web.Request) -> web.Response:
+        cache = _admin_cache(request, services)
+        key = request.match_info["key"].strip().lower()
+        if not (key.isdigit() or (len(key) == 64 and all(c in "0123456789abcdef" for c in key))):
+            raise InvalidRequest(
+                "the key is the 64-hex x-tierlane-cache-key of a hit, or an entry id", param="key"
+            )
+        deleted = await cache.purge_key(key)
+        if not deleted:
+            raise NotFound(f"no cache entry with key {key}")
+        return _json({"object": "cache.purge", "key": key, "deleted": deleted})
+
+    app.router.add_delete("/v1/cache", purge_tenant)
+    app.router.add_delete("/v1/cache/{key}", purge_key)

@@ -1,0 +1,1 @@
+"""The semantic cache: tenant-safe scope keys, exact and verified semantic lookup, SQLite + faiss storage."""

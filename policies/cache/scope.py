@@ -1,0 +1,145 @@
+"""What makes two requests the same question: the scope key, the exact key and the matched text."""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+
+@dataclass(slots=True, frozen=True)
+class CacheKey:
+    """Everything the store hook needs: computed once at lookup, reused at admission."""
+
+    scope: str  # hex digest of tenant, model/route, system prompt, history and answer-changing params
+    exact: str  # hex digest of scope + the normalised last user turn
+    text: str  # the normalised last user turn, matched semantically
+    tenant: str  # the owning tenant (even when the scope is shared)
+    model: str
+
+
+def normalise(text: str) -> str:
+    """Unicode NFKC with runs of whitespace collapsed; the exact key hashes this."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def message_text(content: Any, *, param: str) -> str | None:
+    """The text of a message's content; None when it carries anything but text (images, audio)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for index, part in enumerate(content):
+            if not isinstance(part, Mapping) or "type" not in part:
+                raise InvalidRequest(
+                    "each content part must be an object with a `type`", param=f"{param}[{index}]"
+                )
+            if part["type"] != "text":
+                return None
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequest("a text content part needs a string `text`", param=f"{param}[{index}].text")
+            parts.append(text)
+        return "\n".join(parts)
+    raise InvalidRequest("message content must be a string or a list of parts", param=param)
+
+
+def last_user_text(body: Mapping[str, Any]) -> str | None:
+    """The last user turn of a chat request (or the prompt of a completion); None if there is none."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, Mapping) and message.get("role") == "user":
+                return message_text(message.get("content"), param=f"messages[{index}].content")
+        return None
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    return None
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(slots=True, frozen=True)
+class ScopeRules:
+    """The parts of the cache policy that decide scope and cacheability."""
+
+    max_temperature: float
+    scope_params: tuple[str, ...]
+    share_across_tenants: bool
+
+
+def build_key(
+    body: Mapping[str, Any],
+    *,
+    tenant: str,
+    model: str,
+    route: str | None,
+    rules: ScopeRules,
+) -> tuple[CacheKey | None, str]:
+    """The cache key of a chat request, or (None, why it cannot be cached)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("`messages` must be a non-empty list", param="messages")
+    temperature = body.get("temperature")
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise InvalidRequest("`temperature` must be a number", param="temperature")
+        if float(temperature) > rules.max_temperature:
+            return None, "temperature"
+    last = messages[-1]
+    if not isinstance(last, Mapping) or last.get("role") != "user":
+        return None, "last turn is not a user turn"
+    system: list[Any] = []
+    history: list[Any] = []
+    for index, message in enumerate(messages[:-1]):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise InvalidRequest("each message must be an object with a string `role`", param=f"messages[{index}]")
+        role = message["role"]
+        if role in ("system", "developer"):
+            text = message_text(message.get("content"), param=f"messages[{index}].content")
+            system.append([role, normalise(text) if text is not None else message.get("content")])
+        else:
+            history.append({k: v for k, v in message.items() if k != "name" or role != "user"})
+    text = message_text(last.get("content"), param=f"messages[{len(messages) - 1}].content")
+    if text is None:
+        return None, "the last turn carries more than text"
+    text = normalise(text)
+    if not text:
+        return None, "empty last turn"
+    params = {name: body[name] for name in rules.scope_params if body.get(name) is not None}
+    owner = "*" if rules.share_across_tenants else tenant
+    scope = _digest(
+        {
+            "v": 1,
+            "tenant": owner,
+            "model": model,
+            "route": route or "",
+            "system": _digest(system),
+            "history": _digest(history),
+            "params": params,
+        }
+    )
+    exact = hashlib.sha256(f"{scope}\x00{text}".encode()).hexdigest()
+    return CacheKey(scope=scope, exact=exact, text=text, tenant=tenant, model=model), ""
+
+
+def wants(headers: Mapping[str, str], directive: str) -> bool:
+    """Whether the request's Cache-Control header carries `directive` (no-cache, no-store)."""
+    value = headers.get("Cache-Control") or headers.get("cache-control") or ""
+    return any(part.strip().lower() == directive for part in value.split(","))
+
+
+def route_header(headers: Mapping[str, str]) -> str | None:
+    return headers.get("x-tierlane-route") or headers.get("X-Tierlane-Route")

@@ -1,0 +1,221 @@
+"""The semantic cache: exact then semantic lookup, verified hits, admission, purge; blocking work off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies.cache.config import CacheConfig
+from policies.cache.faiss_index import FaissIndex
+from policies.cache.index import VectorIndex
+from policies.cache.matcher import decide
+from policies.cache.scope import CacheKey
+from policies.cache.store import Entry, EntryStore
+from policies.embedder import DIMENSION
+from policies.policy import Policy
+
+logger = logging.getLogger(__name__)
+
+_SWEEP_EVERY_S = 30.0
+
+
+@dataclass(slots=True, frozen=True)
+class CacheHit:
+    """A stored answer that may be served for the request."""
+
+    entry_id: int
+    exact_key: str
+    response: dict[str, Any]
+    usage: dict[str, Any] | None
+    similarity: float
+    exact: bool
+
+
+class SemanticCache:
+    """Entries in SQLite, vectors in a `VectorIndex`; one worker thread owns both.
+
+    NOTE: every SQLite and faiss call runs on `self._executor` (one thread), so neither needs a
+    lock; the event loop only awaits futures.
+    """
+
+    def __init__(self, state_dir: Path, policy: Policy, *, index: VectorIndex | None = None) -> None:
+        self.directory = Path(state_dir) / "cache"
+        self.policy = policy
+        self.base = CacheConfig.from_section(policy.resolve("cache"))
+        self._index = index
+        self._store: EntryStore | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._configs: dict[tuple[str | None, ...], CacheConfig] = {}
+        self._last_sweep = 0.0
+
+    async def start(self) -> None:
+        """Open the entry store and load (or rebuild) the vector index."""
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache")
+        await self._call(self._open)
+
+    async def close(self) -> None:
+        """Persist the index and close the store."""
+        if self._executor is None:
+            return
+        await self._call(self._shutdown)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    def config_for(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig:
+        """The cache policy resolved for one tenant/app/model/route (memoised: policies are immutable)."""
+        key = (tenant, app, model, route)
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) > 4096:
+                self._configs.clear()
+            section = self.policy.resolve("cache", tenant=tenant, app=app, model=model, route=route)
+            config = self._configs[key] = CacheConfig.from_section(section)
+        return config
+
+    async def lookup(
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, *, max_output_tokens: int | None = None
+    ) -> CacheHit | None:
+        """The best verified stored answer for `key`, or None."""
+        return await self._call(self._lookup, key, vector, config, max_output_tokens)
+
+    async def store(
+        self,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        response: dict[str, Any],
+        usage: dict[str, Any] | None,
+        config: CacheConfig,
+    ) -> int:
+        """Admit one answer; returns its entry id."""
+        return await self._call(self._put, key, vector, response, usage, config)
+
+    async def purge_tenant(self, tenant: str) -> int:
+        return await self._call(self._purge, "tenant", tenant)
+
+    async def purge_key(self, key: str) -> int:
+        return await self._call(self._purge, "key", key)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call(self._stats)
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        if self._executor is None:
+            raise RuntimeError("SemanticCache.start() has not been awaited")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # Everything below runs on the worker thread.
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._store = EntryStore(self.directory / "entries.sqlite3")
+        if self._index is None:
+            path = self.directory / "vectors.faiss"
+            index = FaissIndex.open(DIMENSION, path, self._store.vector_scopes())
+            if index is None:
+                index = FaissIndex(DIMENSION, path)
+                ids, scopes, vectors = self._store.vectors()
+                index.add_many(ids, scopes, vectors)
+                logger.info("cache index rebuilt from %d stored vectors", len(ids))
+            self._index = index
+        self._sweep(time.time(), force=True)
+
+    def _shutdown(self) -> None:
+        if self._index is not None:
+            self._index.save()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _lookup(
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None
+    ) -> CacheHit | None:
+        assert self._store is not None and self._index is not None
+        now = time.time()
+        if config.exact:
+            entry = self._store.get_exact(key.exact, now)
+            if entry is not None and entry.scope == key.scope and self._fits(entry, max_output_tokens):
+                return self._hit(entry, 1.0, exact=True, now=now)
+        if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
+            return None
+        neighbours = [n for n in self._index.search(key.scope, vector, config.candidates) if n.similarity >= config.threshold]
+        if not neighbours:
+            return None
+        entries = self._store.get_many(n.id for n in neighbours)
+        stale = [n.id for n in neighbours if n.id not in entries]
+        if stale:  # purged by another process (the CLI); drop the orphaned vectors
+            self._index.remove(stale)
+        for neighbour in neighbours:
+            entry = entries.get(neighbour.id)
+            if entry is None or entry.scope != key.scope or entry.expires <= now:
+                continue
+            decision = decide(neighbour.similarity, key.text, entry.text, threshold=config.threshold, checks=config.verify)
+            if decision.hit and self._fits(entry, max_output_tokens):
+                return self._hit(entry, neighbour.similarity, exact=False, now=now)
+        return None
+
+    @staticmethod
+    def _fits(entry: Entry, max_output_tokens: int | None) -> bool:
+        if max_output_tokens is None or not entry.usage:
+            return True
+        return int(entry.usage.get("completion_tokens") or 0) <= max_output_tokens
+
+    def _hit(self, entry: Entry, similarity: float, *, exact: bool, now: float) -> CacheHit:
+        assert self._store is not None
+        self._store.touch(entry.id, now)
+        return CacheHit(entry.id, entry.exact, entry.response, entry.usage, similarity, exact)
+
+    def _put(
+        self,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        response: dict[str, Any],
+        usage: dict[str, Any] | None,
+        config: CacheConfig,
+    ) -> int:
+        assert self._store is not None and self._index is not None
+        now = time.time()
+        semantic = vector is not None and config.semantic and len(key.text) <= config.max_text_chars
+        entry_id, replaced = self._store.put(
+            exact=key.exact, scope=key.scope, tenant=key.tenant, model=key.model, text=key.text,
+            vector=vector if semantic else None, response=response, usage=usage, now=now, ttl_s=config.ttl_s,
+        )
+        if replaced is not None:
+            self._index.remove([replaced])
+        if semantic:
+            assert vector is not None
+            self._index.add(entry_id, key.scope, vector)
+        self._sweep(now)
+        return entry_id
+
+    def _sweep(self, now: float, *, force: bool = False) -> None:
+        assert self._store is not None and self._index is not None
+        gone = self._store.evict(self.base.max_entries)
+        if force or now - self._last_sweep >= _SWEEP_EVERY_S:
+            self._last_sweep = now
+            gone += self._store.expire(now)
+        if gone:
+            self._index.remove(gone)
+
+    def _purge(self, by: str, value: str) -> int:
+        assert self._store is not None and self._index is not None
+        ids = self._store.purge_tenant(value) if by == "tenant" else self._store.purge_key(value)
+        self._index.remove(ids)
+        return len(ids)
+
+    def _stats(self) -> dict[str, Any]:
+        assert self._store is not None and self._index is not None
+        return {**self._store.stats(), "vectors": len(self._index), "directory": str(self.directory)}
+
+
+async def open_cache(state_dir: Path, policy: Policy) -> SemanticCache:
+    """Build and start the cache under `<state_dir>/cache/` (the component builder calls this)."""
+    cache = SemanticCache(state_dir, policy)
+    await cache.start()
+    return cache

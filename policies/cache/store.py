@@ -1,0 +1,181 @@
+"""Cache entries in SQLite (WAL): the response, its usage and scope, TTL and LRU bookkeeping."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY,
+    exact TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text TEXT NOT NULL,
+    vector BLOB,
+    response BLOB NOT NULL,
+    usage BLOB,
+    created REAL NOT NULL,
+    expires REAL NOT NULL,
+    last_used REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entries_scope ON entries(scope);
+CREATE INDEX IF NOT EXISTS entries_tenant ON entries(tenant);
+CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
+CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires);
+"""
+
+_COLUMNS = "id, exact, scope, tenant, model, text, response, usage, created, expires, last_used, hits"
+
+
+@dataclass(slots=True)
+class Entry:
+    """One cached answer."""
+
+    id: int
+    exact: str
+    scope: str
+    tenant: str
+    model: str
+    text: str
+    response: dict[str, Any]
+    usage: dict[str, Any] | None
+    created: float
+    expires: float
+    last_used: float
+    hits: int
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Entry:
+        return cls(
+            id=row[0], exact=row[1], scope=row[2], tenant=row[3], model=row[4], text=row[5],
+            response=orjson.loads(row[6]), usage=orjson.loads(row[7]) if row[7] else None,
+            created=row[8], expires=row[9], last_used=row[10], hits=row[11],
+        )
+
+
+class EntryStore:
+    """SQLite entry table; every method blocks, so the cache calls it from its worker thread.
+
+    NOTE: the connection is opened with check_same_thread=False but is only ever used by the
+    cache's single worker thread (or by a CLI process), so no further locking is needed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get_exact(self, exact: str, now: float) -> Entry | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE exact = ? AND expires > ?", (exact, now)
+        ).fetchone()
+        return Entry.from_row(row) if row else None
+
+    def get_many(self, ids: Iterable[int]) -> dict[int, Entry]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM entries WHERE id IN ({marks})", ids).fetchall()
+        return {row[0]: Entry.from_row(row) for row in rows}
+
+    def put(
+        self,
+        *,
+        exact: str,
+        scope: str,
+        tenant: str,
+        model: str,
+        text: str,
+        vector: np.ndarray | None,
+        response: dict[str, Any],
+        usage: dict[str, Any] | None,
+        now: float,
+        ttl_s: float,
+    ) -> tuple[int, int | None]:
+        """Insert (or replace the entry with the same exact key); returns (new id, replaced id)."""
+        blob = None if vector is None else np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+        with self._db:
+            old = self._db.execute("SELECT id FROM entries WHERE exact = ?", (exact,)).fetchone()
+            if old:
+                self._db.execute("DELETE FROM entries WHERE id = ?", (old[0],))
+            cursor = self._db.execute(
+                "INSERT INTO entries (exact, scope, tenant, model, text, vector, response, usage,"
+                " created, expires, last_used, hits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (exact, scope, tenant, model, text, blob, orjson.dumps(response),
+                 orjson.dumps(usage) if usage else None, now, now + ttl_s, now),
+            )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid, old[0] if old else None
+
+    def touch(self, entry_id: int, now: float) -> None:
+        self._db.execute("UPDATE entries SET hits = hits + 1, last_used = ? WHERE id = ?", (now, entry_id))
+
+    def expire(self, now: float) -> list[int]:
+        return self._delete_where("expires <= ?", (now,))
+
+    def evict(self, max_entries: int) -> list[int]:
+        """Delete the least recently used entries above `max_entries`."""
+        (count,) = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()
+        if count <= max_entries:
+            return []
+        return self._delete_where(
+            "id IN (SELECT id FROM entries ORDER BY last_used ASC, id ASC LIMIT ?)", (count - max_entries,)
+        )
+
+    def purge_tenant(self, tenant: str) -> list[int]:
+        return self._delete_where("tenant = ?", (tenant,))
+
+    def purge_key(self, key: str) -> list[int]:
+        """Delete by exact key (hex digest) or by numeric entry id."""
+        if key.isdigit():
+            return self._delete_where("id = ? OR exact = ?", (int(key), key))
+        return self._delete_where("exact = ?", (key,))
+
+    def _delete_where(self, where: str, params: tuple[Any, ...]) -> list[int]:
+        with self._db:
+            ids = [r[0] for r in self._db.execute(f"SELECT id FROM entries WHERE {where}", params)]
+            if ids:
+                self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in ids])
+        return ids
+
+    def vectors(self) -> tuple[list[int], list[str], np.ndarray]:
+        """Every stored vector with its id and scope, for rebuilding the index."""
+        ids, scopes, blobs = [], [], []
+        for entry_id, scope, blob in self._db.execute(
+            "SELECT id, scope, vector FROM entries WHERE vector IS NOT NULL ORDER BY id"
+        ):
+            ids.append(entry_id)
+            scopes.append(scope)
+            blobs.append(blob)
+        if not blobs:
+            return [], [], np.zeros((0, 0), dtype=np.float32)
+        return ids, scopes, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+
+    def vector_scopes(self) -> dict[int, str]:
+        return dict(self._db.execute("SELECT id, scope FROM entries WHERE vector IS NOT NULL").fetchall())
+
+    def stats(self) -> dict[str, Any]:
+        entries, hits, tenants = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(hits), 0), COUNT(DISTINCT tenant) FROM entries"
+        ).fetchone()
+        by_tenant = dict(
+            self._db.execute("SELECT tenant, COUNT(*) FROM entries GROUP BY tenant ORDER BY 2 DESC LIMIT 20")
+        )
+        return {"entries": entries, "hits": hits, "tenants": tenants, "entries_by_tenant": by_tenant,
+                "bytes": self.path.stat().st_size if self.path.exists() else 0}

@@ -1,0 +1,228 @@
+"""Checks a semantic candidate must pass before it is served: same numbers, entities, negation, direction."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+_TOKEN = re.compile(r"[a-z0-9_]+(?:['’][a-z]+)?")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:%)?")
+_CAPITALISED = re.compile(r"(?:^|(?<=[\s(\"'`]))([A-Z][\w'’-]*)")
+_SENTENCE_END = re.compile(r"[.!?:;]\s*$")
+
+_NUMBER_WORDS: dict[str, str] = {
+    "zero": "0", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
+    "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
+    "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "dozen": "12", "half": "0.5",
+}
+# "one" is left out: it is a pronoun far more often than a count ("which one is faster").
+
+# A marker right after these (or right before these) is an infinitive, not a direction.
+_INFINITIVE_BEFORE = frozenset(
+    "how want wants wanted need needs needed able going used trying try tries have has had ought".split()
+)
+_INFINITIVE_AFTER = frozenset("be do have make get go use".split())
+
+STOPWORDS: frozenset[str] = frozenset(
+    """a an the and or but if of at by for with about against between through during in on
+    off over under again further then once here there when where why how all any both each few
+    more most other some such only own same so too very can will just should now is are was were
+    be been being have has had having do does did doing i me my myself we our ours you your yours
+    he him his she her it its they them their what which who whom this that these those am would
+    could may might must shall as until while up down out into to from than please tell explain
+    give show get let know want need like make way use using""".split()
+)
+
+
+def _forms(word: str) -> set[str]:
+    stem = word[:-1] if word.endswith("e") else word
+    return {word, word + "s", word + "es", word + "d", word + "ed", stem + "ing", stem + "er", stem + "est"}
+
+
+def _words(section: Mapping[str, Any], name: str) -> frozenset[str]:
+    words = section.get(name) or ()
+    if not all(isinstance(w, str) for w in words):
+        raise ValueError(f"cache.verify.{name} must be a list of quoted words (YAML reads bare no/yes as booleans)")
+    return frozenset(w.lower() for w in words)
+
+
+@dataclass(slots=True, frozen=True)
+class VerifyConfig:
+    """Which checks run, and the word lists they use (from the `cache.verify` policy)."""
+
+    numbers: bool = True
+    entities: bool = True
+    negation: bool = True
+    direction: bool = True
+    opposites: bool = True
+    negation_words: frozenset[str] = frozenset()
+    forward_markers: frozenset[str] = frozenset()
+    reverse_markers: frozenset[str] = frozenset()
+    direction_window: int = 3
+    opposite_pairs: tuple[tuple[frozenset[str], frozenset[str]], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_policy(cls, section: Mapping[str, Any]) -> VerifyConfig:
+        pairs = []
+        for pair in section.get("opposite_pairs") or []:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(w, str) for w in pair):
+                raise ValueError(f"cache.verify.opposite_pairs entries must be [word, word], got {pair!r}")
+            pairs.append((frozenset(_forms(pair[0].lower())), frozenset(_forms(pair[1].lower()))))
+        return cls(
+            numbers=bool(section.get("numbers", True)),
+            entities=bool(section.get("entities", True)),
+            negation=bool(section.get("negation", True)),
+            direction=bool(section.get("direction", True)),
+            opposites=bool(section.get("opposites", True)),
+            negation_words=_words(section, "negation_words"),
+            forward_markers=_words(section, "forward_markers"),
+            reverse_markers=_words(section, "reverse_markers"),
+            direction_window=int(section.get("direction_window", 3)),
+            opposite_pairs=tuple(pairs),
+        )
+
+
+@dataclass(slots=True)
+class Features:
+    """What verification compares, extracted once per text."""
+
+    tokens: list[str]
+    vocabulary: set[str]
+    numbers: Counter[str]
+    entities: set[str]
+    negations: int
+    counts: Counter[str]
+    relations: set[tuple[str, str]]
+
+
+def _stem(token: str) -> str:
+    token = token.replace("’", "'")
+    if token.endswith("'s"):
+        token = token[:-2]
+    token = token.rstrip("'")
+    if len(token) > 4 and token.endswith("ies"):
+        return token[:-3] + "y"
+    if len(token) > 3 and token.endswith("s") and not token.endswith("ss"):
+        return token[:-1]
+    return token
+
+
+def _numbers(text: str, tokens: Iterable[str]) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for raw in _NUMBER.findall(text):
+        value = raw.replace(",", "") if re.fullmatch(r"[-+]?\d{1,3}(?:,\d{3})+", raw) else raw
+        value = value.lstrip("+")
+        if "." in value and not value.endswith("%"):
+            value = value.rstrip("0").rstrip(".") or "0"
+        found[value] += 1
+    for token in tokens:
+        if token in _NUMBER_WORDS:
+            found[_NUMBER_WORDS[token]] += 1
+    return found
+
+
+def _entities(text: str) -> set[str]:
+    words = text.split()
+    capitalised = sum(1 for w in words if w[:1].isupper())
+    if words and capitalised / len(words) > 0.6:
+        return set()  # title case or shouting: capitals carry no signal
+    out: set[str] = set()
+    for match in _CAPITALISED.finditer(text):
+        start = match.start(1)
+        before = text[:start]
+        if not before.strip() or _SENTENCE_END.search(before):
+            continue
+        word = match.group(1).lower().strip("'’-")
+        for part in _TOKEN.findall(word):
+            if part not in STOPWORDS and not part.isdigit() and part not in _NUMBER_WORDS:
+                out.add(_stem(part))
+    return out
+
+
+def _negations(tokens: list[str], words: frozenset[str]) -> int:
+    return sum(1 for t in tokens if t in words or t.endswith("n't") or t.endswith("n’t"))
+
+
+def _relations(tokens: list[str], cfg: VerifyConfig) -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    window = cfg.direction_window
+    markers = cfg.forward_markers | cfg.reverse_markers
+    for i, token in enumerate(tokens):
+        forward = token in cfg.forward_markers
+        if not forward and token not in cfg.reverse_markers:
+            continue
+        if token == "to" and (
+            (i > 0 and tokens[i - 1] in _INFINITIVE_BEFORE)
+            or (i + 1 < len(tokens) and tokens[i + 1] in _INFINITIVE_AFTER)
+        ):
+            continue
+        left = _side(reversed(tokens[:i]), markers, window)
+        right = _side(tokens[i + 1 :], markers, window)
+        for x in left:
+            for y in right:
+                if x != y:
+                    out.add((x, y) if forward else (y, x))
+    return out
+
+
+def _side(tokens: Iterable[str], markers: frozenset[str], window: int) -> list[str]:
+    out: list[str] = []
+    for token in tokens:
+        if token in markers or len(out) == window:
+            break
+        if token not in STOPWORDS and not token[0].isdigit() and token not in _NUMBER_WORDS:
+            out.append(_stem(token))
+    return out
+
+
+def features(text: str, cfg: VerifyConfig) -> Features:
+    tokens = _TOKEN.findall(text.lower())
+    return Features(
+        tokens=tokens,
+        vocabulary={_stem(t) for t in tokens},
+        numbers=_numbers(text, tokens),
+        entities=_entities(text) if cfg.entities else set(),
+        negations=_negations(tokens, cfg.negation_words),
+        counts=Counter(tokens),
+        relations=_relations(tokens, cfg) if cfg.direction else set(),
+    )
+
+
+def _opposed(a: Features, b: Features, cfg: VerifyConfig) -> bool:
+    # Opposed when one side of a pair gains mentions while the other loses them
+    # ("upload" became "download"), counted so a word used twice is not hidden by one reuse.
+    for one, other in cfg.opposite_pairs:
+        gained = sum(b.counts[w] for w in one) - sum(a.counts[w] for w in one)
+        lost = sum(b.counts[w] for w in other) - sum(a.counts[w] for w in other)
+        if gained * lost < 0:
+            return True
+    return False
+
+
+def mismatch(a: Features, b: Features, cfg: VerifyConfig) -> str | None:
+    """The first check the pair fails ("numbers", "negation", ...), or None when it passes."""
+    if cfg.numbers and a.numbers != b.numbers:
+        return "numbers"
+    if cfg.negation and a.negations != b.negations:
+        return "negation"
+    if cfg.entities and (not a.entities <= b.vocabulary or not b.entities <= a.vocabulary):
+        return "entities"
+    if cfg.opposites and _opposed(a, b, cfg):
+        return "opposites"
+    if cfg.direction:
+        for x, y in a.relations:
+            if (y, x) in b.relations and (x, y) not in b.relations and (y, x) not in a.relations:
+                return "direction"
+    return None
+
+
+def verify(a: str, b: str, cfg: VerifyConfig) -> str | None:
+    """Compare two request texts; None means the cached answer to one fits the other."""
+    return mismatch(features(a, cfg), features(b, cfg), cfg)
