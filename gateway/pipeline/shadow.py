@@ -1,0 +1,280 @@
+"""Shadow quality hook: compare sampled cache and edge answers with what the upstream pool says.
+
+For a sampled request that the cache or the edge lane answered in full, the same request is
+sent to the upstream pool in the background (never on the response path, bounded in
+concurrency, failures logged), both answers are embedded with the gateway's sentence
+embedder, and their cosine similarity is stored per lane in `<state_dir>/shadow.sqlite3`.
+GET /v1/shadow (gateway.routes.shadow) reads the table back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gateway.context import Outcome, RequestContext
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+FILENAME = "shadow.sqlite3"
+PATHS = {"chat": "/chat/completions", "completions": "/completions"}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS shadow (
+    ts REAL NOT NULL,
+    request_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    app TEXT NOT NULL,
+    lane TEXT NOT NULL,
+    model TEXT NOT NULL,
+    similarity REAL NOT NULL,
+    upstream_input_tokens INTEGER NOT NULL,
+    upstream_output_tokens INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS shadow_ts ON shadow (ts);
+"""
+AGREE = 0.8  # the similarity above which two answers are counted as agreeing
+
+
+@dataclass(slots=True, frozen=True)
+class ShadowConfig:
+    """The `shadow` policy section."""
+
+    enabled: bool = True
+    sample_rate: float = 0.0
+    lanes: tuple[str, ...] = ("cache", "edge")
+    pool: str | None = None
+    model: str | None = None
+    max_concurrency: int = 2
+    max_pending: int = 32
+    seed: int | None = None
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> ShadowConfig:
+        rate = float(section.get("sample_rate", 0.0) or 0.0)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"shadow.sample_rate must be within 0..1, got {rate}")
+        concurrency = int(section.get("max_concurrency", 2))
+        if concurrency < 1:
+            raise ValueError("shadow.max_concurrency must be at least 1")
+        return cls(
+            enabled=bool(section.get("enabled", True)),
+            sample_rate=rate,
+            lanes=tuple(section.get("lanes") or ("cache", "edge")),
+            pool=section.get("pool"),
+            model=section.get("model"),
+            max_concurrency=concurrency,
+            max_pending=max(concurrency, int(section.get("max_pending", 32))),
+            seed=section.get("seed"),
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class ShadowRow:
+    ts: float
+    request_id: str
+    tenant: str
+    app: str
+    lane: str
+    model: str
+    similarity: float
+    upstream_input_tokens: int = 0
+    upstream_output_tokens: int = 0
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+class ShadowStore:
+    """Appends shadow results to SQLite off the event loop."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # NOTE: a single worker thread owns the connection, so writes never run concurrently.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-store")
+        self._conn: sqlite3.Connection | None = None
+
+    def _insert(self, row: ShadowRow) -> None:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = connect(self.path)
+        with self._conn:
+            self._conn.execute(
+                "INSERT INTO shadow VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.ts, row.request_id, row.tenant, row.app, row.lane, row.model, row.similarity,
+                 row.upstream_input_tokens, row.upstream_output_tokens),
+            )
+
+    async def add(self, row: ShadowRow) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, row)
+
+
+def summarize(path: Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """Per lane since `since` (unix seconds): count, mean, p10, share above 0.8, upstream tokens. Blocking."""
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT lane, similarity, upstream_input_tokens, upstream_output_tokens FROM shadow WHERE ts >= ?",
+            (since,),
+        ).fetchall()
+    finally:
+        conn.close()
+    by_lane: dict[str, list[tuple[float, int, int]]] = {}
+    for lane, similarity, tin, tout in rows:
+        by_lane.setdefault(lane, []).append((float(similarity), int(tin), int(tout)))
+    out = []
+    for lane, values in sorted(by_lane.items()):
+        sims = np.array([v[0] for v in values], dtype=np.float64)
+        out.append({
+            "lane": lane,
+            "count": int(sims.size),
+            "mean": round(float(sims.mean()), 4),
+            "p10": round(float(np.percentile(sims, 10)), 4),
+            "share_above_0_8": round(float((sims > AGREE).mean()), 4),
+            "upstream_input_tokens": sum(v[1] for v in values),
+            "upstream_output_tokens": sum(v[2] for v in values),
+        })
+    return out
+
+
+def answer_text(response: dict[str, Any] | None) -> str:
+    """The first choice's text of a chat or completions answer ('' when there is none)."""
+    if not isinstance(response, dict):
+        return ""
+    choices = response.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    message = first.get("message")
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return message["content"].strip()
+    text = first.get("text")
+    return text.strip() if isinstance(text, str) else ""
+
+
+class ShadowHook:
+    """Samples finished cache/edge answers and compares them with the upstream's in the background."""
+
+    name = "shadow"
+
+    def __init__(self, services: Services, config: ShadowConfig, store: ShadowStore) -> None:
+        self.services = services
+        self.config = config
+        self.store = store
+        self._rng = random.Random(config.seed)
+        self._gate = asyncio.Semaphore(config.max_concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sampled = 0
+        self.dropped = 0
+        self.failed = 0
+        self.recorded = 0
+
+    def _config_for(self, ctx: RequestContext) -> ShadowConfig:
+        if not self.services.policy.section("shadow").get("overrides"):
+            return self.config
+        section = self.services.policy.resolve(
+            "shadow", tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model
+        )
+        return ShadowConfig.from_section(section)
+
+    async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
+        if ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
+            return
+        config = self._config_for(ctx)
+        if not config.enabled or ctx.lane not in config.lanes or config.sample_rate <= 0.0:
+            return
+        if self.services.embedder is None or not self.services.pool.has_upstreams():
+            return
+        if self._rng.random() >= config.sample_rate:
+            return
+        text = answer_text(outcome.response)
+        if not text:
+            return
+        if len(self._tasks) >= config.max_pending:
+            self.dropped += 1
+            return
+        self.sampled += 1
+        task = asyncio.get_running_loop().create_task(self._shadow(ctx, config, text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _target(self, ctx: RequestContext, config: ShadowConfig) -> tuple[str, str]:
+        pool = self.services.pool
+        names = pool.pool_names()
+        wanted = config.pool or self.services.policy.section("lanes").get("upstream", {}).get("pool")
+        model = config.model or ctx.model
+        name = wanted if wanted in names else pool.pool_for_model(model) or names[0]
+        return name, model
+
+    async def _shadow(self, ctx: RequestContext, config: ShadowConfig, text: str) -> None:
+        try:
+            async with self._gate:
+                pool_name, model = self._target(ctx, config)
+                body = {k: v for k, v in ctx.body.items() if k not in ("stream", "stream_options")}
+                body["model"] = model
+                reply = await self.services.pool.send(
+                    pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
+                    client_authorization=ctx.headers.get("Authorization"),
+                )
+                if reply.status != 200:
+                    raise RuntimeError(f"the upstream answered {reply.status}")
+                upstream_text = answer_text(reply.body)
+                if not upstream_text:
+                    raise RuntimeError("the upstream answer has no text")
+                embedder = self.services.embedder
+                if embedder is None:
+                    return
+                ours, theirs = await asyncio.gather(embedder.embed(text), embedder.embed(upstream_text))
+                usage = reply.body.get("usage") or {}
+            similarity = float(np.clip(np.dot(np.asarray(ours), np.asarray(theirs)), -1.0, 1.0))
+            await self.store.add(ShadowRow(
+                ts=time.time(), request_id=ctx.request_id, tenant=ctx.principal.tenant, app=ctx.principal.app,
+                lane=ctx.lane, model=ctx.target_model or ctx.model, similarity=similarity,
+                upstream_input_tokens=int(usage.get("prompt_tokens") or 0),
+                upstream_output_tokens=int(usage.get("completion_tokens") or 0),
+            ))
+            self.recorded += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a shadow call must never surface to anyone
+            self.failed += 1
+            log.warning("shadow comparison for request %s (%s lane) failed: %s", ctx.request_id, ctx.lane, exc)
+
+    async def drain(self) -> None:
+        """Wait for the shadow calls in flight (tests and orderly shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def build(services: Services) -> ShadowHook | None:
+    """The shadow hook, or None when sampling is off everywhere or there is nothing to compare with."""
+    section = services.policy.section("shadow")
+    config = ShadowConfig.from_section(section)
+    any_override = any(
+        float((rule.get("set") or {}).get("sample_rate", 0.0) or 0.0) > 0 for rule in section.get("overrides") or ()
+    )
+    if not config.enabled or (config.sample_rate <= 0.0 and not any_override):
+        return None
+    if not services.pool.has_upstreams():
+        log.warning("shadow sampling is on but no upstream is configured: shadow comparisons are off")
+        return None
+    if services.embedder is None:
+        log.warning("shadow sampling is on but the embedder is off: nothing will be compared")
+    return ShadowHook(services, config, ShadowStore(services.settings.state_dir / FILENAME))
