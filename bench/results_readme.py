@@ -1,0 +1,191 @@
+"""Rewrite the "Results" block of README.md from bench/results/*.json.
+
+Only the text between `<!-- results:start -->` and `<!-- results:end -->` changes; the markers
+are appended at the end of README.md when they are not there yet.
+
+    .venv/bin/python bench/results_readme.py            # rewrite README.md
+    .venv/bin/python bench/results_readme.py --check    # exit 1 when README.md is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+SKIP_KEYS = {"machine", "generated_at", "what", "benchmark", "rounds", "results", "note"}
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+    if value is None:
+        return "–"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_num(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _stamp(data: dict[str, Any]) -> str:
+    machine = data.get("machine") or {}
+    parts = [f"generated {data['generated_at']}"] if data.get("generated_at") else []
+    if machine.get("cpus"):
+        parts.append(f"{machine['cpus']} CPUs")
+    load = data.get("load_average")
+    if isinstance(load, dict) and load.get("before"):
+        parts.append(f"load average {load['before'][0]} before, {load['after'][0]} after")
+    return ", ".join(parts)
+
+
+def render_peers(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for level, r in data.get("results", {}).items():
+        c = level.removeprefix("concurrency_")
+        for name in ("direct", "tierlane_passthrough", "tierlane_full", "litellm"):
+            if name in r:
+                t = r[name]
+                rows.append([c, name, t.get("added_p50_ms", 0.0), t.get("added_p99_ms", 0.0), t["p50_ms"], t["p99_ms"],
+                             t["rps"], t["errors"]])
+    lines = _table(["concurrency", "target", "added p50 ms", "added p99 ms", "p50 ms", "p99 ms", "req/s", "errors"], rows)
+    rss = data.get("peak_rss_mb") or {}
+    if rss:
+        lines += ["", "Peak RSS (VmHWM, MiB): " + ", ".join(f"{k} {_num(v)}" for k, v in rss.items())]
+    verdict = data.get("verdict") or {}
+    if verdict:
+        lines += ["", "Against the targets (" + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + "):", ""]
+        vrows = [[lvl.removeprefix("concurrency_"), v["passthrough_added_p99_vs_litellm"], v["passthrough_rps_vs_litellm"],
+                  v["full_pipeline_rps_vs_litellm"], ", ".join(k for k, ok in v["met"].items() if ok) or "none"]
+                 for lvl, v in verdict.items()]
+        lines += _table(["concurrency", "pass-through added p99 / LiteLLM's", "pass-through req/s ÷ LiteLLM",
+                         "full pipeline req/s ÷ LiteLLM", "met"], vrows)
+    if data.get("note"):
+        lines += ["", f"Note: {data['note']}."]
+    return lines
+
+
+def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for level, r in data.get("results", {}).items():
+        rows.append([level.removeprefix("concurrency_"), r["direct"]["p50_ms"], r["tierlane"]["p50_ms"], r["added_p50_ms"],
+                     r["added_p99_ms"], r["direct"]["rps"], r["tierlane"]["rps"], r["throughput_ratio"]])
+    return _table(["concurrency", "direct p50 ms", "tierlane p50 ms", "added p50 ms", "added p99 ms",
+                   "direct req/s", "tierlane req/s", "ratio"], rows)
+
+
+def render_replay(data: dict[str, Any]) -> list[str]:
+    totals = data["totals"]
+    lines = [f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate {_num(totals['cache_hit_rate'])}, "
+             "upstream tokens avoided " + ", ".join(f"{k} {v}" for k, v in totals["upstream_tokens_avoided"].items()) + ".", ""]
+    rows = [[lane, b["requests"], b["input_tokens"], b["output_tokens"], b["latency_ms"]["p50"], b["latency_ms"]["p95"],
+             b["latency_ms"]["p99"], b["ttft_ms"]["p50"], b["ttft_ms"]["p95"]] for lane, b in data["lanes"].items()]
+    lines += _table(["lane", "requests", "in tokens", "out tokens", "p50 ms", "p95 ms", "p99 ms", "TTFT p50", "TTFT p95"], rows)
+    cost = data.get("cost") or {}
+    if cost.get("source"):
+        saved = cost["saved_by_reason_usd"]
+        lines += ["", f"Cost ${cost['cost_usd']:.6f}, saved ${cost['saved_usd']:.6f} "
+                  f"(cache ${saved['cache']:.6f}, edge ${saved['edge']:.6f}, trim ${saved['trim']:.6f})."]
+    shadow = data.get("shadow")
+    if isinstance(shadow, list) and shadow:
+        lines += ["", "Shadow agreement with the upstream: " + "; ".join(
+            f"{r['lane']} n={r['count']} mean {r['mean']} p10 {r['p10']} >0.8 {r['share_above_0_8']}" for r in shadow) + "."]
+    return lines
+
+
+def render_generic(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, value in data.items():
+        if key in SKIP_KEYS:
+            continue
+        if isinstance(value, dict):
+            scalars = {k: v for k, v in value.items() if not isinstance(v, dict | list)}
+            if scalars and len(scalars) <= 8:
+                rows.append([key, ", ".join(f"{k} {_num(v)}" for k, v in scalars.items())])
+        elif not isinstance(value, list):
+            rows.append([key, value])
+    return _table(["figure", "value"], rows[:16])
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "peers": render_peers,
+    "proxy_overhead": render_proxy_overhead,
+    "demo": render_replay,
+}
+
+
+def render(results_dir: Path) -> str:
+    parts = [START, "## Results", "",
+             f"Generated by `bench/results_readme.py` from `bench/results/*.json`; rerun the scripts in `bench/` to refresh.", ""]
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            print(f"results_readme: skipping {path.name}: {exc}", file=sys.stderr)
+            continue
+        if not isinstance(data, dict):
+            continue
+        render_one = RENDERERS.get(path.stem) or (render_replay if data.get("object") == "replay.report" else render_generic)
+        parts.append(f"### {path.stem}")
+        parts.append("")
+        what = data.get("what") or data.get("benchmark")
+        head = " ".join(x for x in (f"{what}." if what else "", f"({_stamp(data)})" if _stamp(data) else "") if x)
+        if head:
+            parts += [head, ""]
+        try:
+            parts += render_one(data)
+        except (KeyError, TypeError) as exc:
+            parts += render_generic(data)
+            print(f"results_readme: {path.name} has an unexpected shape ({exc!r}); listed generically", file=sys.stderr)
+        parts.append("")
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def rewrite(readme: str, block: str) -> str:
+    """README text with the block between the markers replaced (markers appended when absent)."""
+    start, end = readme.find(START), readme.find(END)
+    if start == -1 and end == -1:
+        return readme.rstrip("\n") + "\n\n" + block + "\n"
+    if start == -1 or end == -1 or end < start:
+        raise ValueError(f"README.md has one results marker without the other ({START} ... {END})")
+    return readme[:start] + block + readme[end + len(END):]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--check", action="store_true", help="do not write; exit 1 if README.md would change")
+    args = parser.parse_args(argv)
+    if not args.readme.is_file():
+        print(f"results_readme: {args.readme} not found", file=sys.stderr)
+        return 2
+    old = args.readme.read_text(encoding="utf-8")
+    try:
+        new = rewrite(old, render(args.results))
+    except ValueError as exc:
+        print(f"results_readme: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != old:
+            print("README.md results are out of date: run bench/results_readme.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != old:
+        args.readme.write_text(new, encoding="utf-8")
+    print(f"{'updated' if new != old else 'unchanged'}: {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
