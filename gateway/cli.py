@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # `set_defaults(func=callable(args) -> int)`.
 COMMAND_MODULES: list[str] = [
     "gateway.serve_cli",
+    "policies.cache.cli",
     "gateway.replay.cli",
     "policies.router.cli",
     "policies.trim.cli",
