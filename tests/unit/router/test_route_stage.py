@@ -111,3 +111,19 @@ async def test_bad_header_is_an_openai_error(shipped_router: Router) -> None:
     with pytest.raises(InvalidRequest) as info:
         await stage(shipped_router, None).run(ctx(header="gpu"))
     assert info.value.payload()["error"]["param"] == "x-tierlane-route"
+
+
+def test_build_from_services(shipped_router: Router) -> None:
+    from gateway.pipeline.route import build
+    from gateway.services import Services
+    from gateway.settings import Settings
+    from gateway.upstream.pool import UpstreamPool
+
+    settings = Settings()
+    services = Services(settings=settings, policy=Policy.load(), pool=UpstreamPool(settings), router=shipped_router)
+    built = build(services)
+    assert isinstance(built, RouteStage) and built.name == "route"
+    assert (built.edge_available, built.upstream_available) == (False, False)
+    assert built.edge_model == settings.edge.model_name
+    services.policy = Policy.load(extra={"router": {"enabled": False}})
+    assert build(services) is None
