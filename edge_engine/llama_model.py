@@ -99,7 +99,11 @@ class BatchEntry:
 
 
 class LlamaContext:
-    """A llama.cpp context with one unified KV cache; used only by the scheduler thread."""
+    """A llama.cpp context and its KV cache; used only by the scheduler thread.
+
+    `per_sequence_streams`: one KV stream of `n_ctx` cells per sequence id (batch-invariant
+    numerics); otherwise one unified pool of `n_ctx` cells shared by all sequences.
+    """
 
     def __init__(
         self,
@@ -110,17 +114,24 @@ class LlamaContext:
         n_seq_max: int,
         n_threads: int,
         flash_attn: bool,
+        per_sequence_streams: bool = True,
     ) -> None:
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = n_ctx * n_seq_max if per_sequence_streams else n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        # NOTE: one cell pool for all sequences, so one long prompt may use most of it and
-        # a shared prefix is stored once (seq_cp tags the same cells with a second sequence).
-        params.kv_unified = True
+        # NOTE: attention sums over KV cells in cell-index order, in SIMD lanes and chunks
+        # fixed by the index. In a unified pool a sequence's cells land wherever other
+        # requests left room, so its logits change with traffic (measured up to ~1.0). With a
+        # stream per sequence its cells always start at index 0 and masked cells of a longer
+        # neighbour add exact zeros, so logits are bit-identical alone, batched, or after a
+        # prefix copy (matmuls on CPU are row-independent: one row = one dot per output).
+        params.kv_unified = not per_sequence_streams
+        # NOTE: CPU flash attention picks tiled / split-KV kernels by the query count and the
+        # padded KV length of the whole step, so it breaks batch invariance; keep it off there.
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -129,7 +140,9 @@ class LlamaContext:
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ptr:
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
-        self.n_ctx = llama_cpp.llama_n_ctx(self.ptr)
+        self.per_sequence_streams = per_sequence_streams
+        self.n_ctx_total = llama_cpp.llama_n_ctx(self.ptr)
+        self.n_ctx = llama_cpp.llama_n_ctx_seq(self.ptr)  # cells one sequence may use
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -159,8 +172,23 @@ class LlamaContext:
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Makes `dst` hold the first `n` positions of `src`, in the cells a fresh run would use."""
+        self.seq_rm(dst)
+        if not self.per_sequence_streams:
+            # same stream: the cells are tagged with dst too, nothing is copied
+            llama_cpp.llama_memory_seq_cp(self.memory, src, dst, 0, n)
+            return
+        # NOTE: seq_cp across streams copies the whole stream buffer (n_ctx cells, every layer);
+        # the state API copies only the cells src uses and lays them out from index 0 in dst,
+        # as in src, so the copy is exact and costs ~23 KB per token for SmolLM2-135M.
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, src)
+        buf = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, src) == 0:
+            raise RuntimeError(f"llama.cpp could not read the KV state of sequence {src}")
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, size, dst) == 0:
+            raise RuntimeError(f"llama.cpp could not restore a KV state into sequence {dst}")
+        self.seq_rm(dst, n, -1)
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)

@@ -42,6 +42,8 @@ class Scheduler:
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._active: list[Sequence] = []
+        # NOTE: a min-heap, so active ids stay packed: with a KV stream per sequence llama.cpp
+        # splits a step into one pass per run of consecutive sequence ids.
         self._free_ids = list(range(settings.slots))
         self._prefixes: list[PrefixEntry] = []
         self._prefix_ids = list(range(settings.slots, settings.n_seq_max))
@@ -90,7 +92,7 @@ class Scheduler:
             "kv_cells_reserved": self._reserved,
             "kv_cells_used": sum(s.n_past - s.cached for s in self._active)
             + sum(len(p.tokens) for p in self._prefixes),
-            "kv_cells_total": self.ctx.n_ctx if self.ctx else self.settings.n_ctx,
+            "kv_cells_total": self.ctx.n_ctx_total if self.ctx else self.settings.n_ctx,
             "slots": self.settings.slots,
             "prefix_entries": len(self._prefixes),
         }
@@ -110,7 +112,8 @@ class Scheduler:
                 n_batch=s.n_batch,
                 n_seq_max=s.n_seq_max,
                 n_threads=s.n_threads,
-                flash_attn=s.flash_attn,
+                flash_attn=s.flash_attn and not s.batch_invariant,
+                per_sequence_streams=s.batch_invariant,
             )
         except BaseException as exc:  # handed to start(), which raises it on the loop
             on_ready(exc)
@@ -170,10 +173,10 @@ class Scheduler:
                 return  # the head of the queue waits for cells; order is kept
             with self._cond:
                 heapq.heappop(self._waiting)
-            seq.seq_id = self._free_ids.pop()
+            seq.seq_id = heapq.heappop(self._free_ids)
             self.ctx.seq_rm(seq.seq_id)
             if source is not None and shared:
-                self.ctx.seq_cp(source.seq_id, seq.seq_id, 0, shared)
+                self.ctx.copy_prefix(source.seq_id, seq.seq_id, shared)
                 seq.n_past = seq.cached = shared
                 if isinstance(source, PrefixEntry):
                     source.refs += 1
@@ -208,6 +211,8 @@ class Scheduler:
 
     def _make_room(self, need: int, keep: PrefixEntry | None) -> bool:
         assert self.ctx is not None
+        if self.ctx.per_sequence_streams:
+            return True  # each sequence owns n_ctx cells; submit() caps prompt + completion at that
         while self._reserved + need > self.ctx.n_ctx:
             idle = [p for p in self._prefixes if p.refs == 0 and p is not keep]
             if not idle:
@@ -224,22 +229,19 @@ class Scheduler:
 
     def _step(self) -> None:
         assert self.ctx is not None and self.model is not None
-        entries: list[BatchEntry] = []
-        rows: list[tuple[Sequence, int]] = []
+        parts: list[tuple[Sequence, list[BatchEntry]]] = []
         decoding = [s for s in self._active if not s.prefilling]
         for seq in decoding:
             assert seq.last_token is not None
-            entries.append(BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True))
-            rows.append((seq, len(entries) - 1))
-        n_decode = len(entries)
+            parts.append((seq, [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]))
+        n_decode = len(parts)
         budget = self.settings.prefill_chunk
-        if entries and not self.settings.mix_prefill:
-            # NOTE: a decode row batched with another sequence's prompt chunk gets logits that
-            # differ (~0.5) from decoding it alone, so greedy output would depend on traffic.
-            # Prefill chunks therefore get their own steps, alternating with decode steps.
+        if parts and not self.settings.mix_prefill:
+            # NOTE: prompt chunks get their own steps, alternating with decode steps, so a
+            # long prompt slows running decodes by at most half.
             self._prefill_turn = not self._prefill_turn
             if self._prefill_turn and any(s.prefilling for s in self._active):
-                entries, rows, n_decode = [], [], 0
+                parts, n_decode = [], 0
             else:
                 budget = 0
         # NOTE: shortest prompt first, and a long prompt never shares a step with short
@@ -253,12 +255,21 @@ class Scheduler:
             if budget <= 0 or (remaining > budget and budget < self.settings.prefill_chunk):
                 break
             take = min(remaining, budget)
-            for i in range(seq.n_past, seq.n_past + take):
-                last = i == len(seq.prompt) - 1
-                entries.append(BatchEntry(seq.prompt[i], i, seq.seq_id, last))
-                if last:
-                    rows.append((seq, len(entries) - 1))
+            chunk = [
+                BatchEntry(seq.prompt[i], i, seq.seq_id, i == len(seq.prompt) - 1)
+                for i in range(seq.n_past, seq.n_past + take)
+            ]
+            parts.append((seq, chunk))
             budget -= take
+        # NOTE: llama.cpp packs a step into one pass only over ascending, consecutive sequence
+        # ids (one KV stream each); any other order costs an extra pass over the weights.
+        parts.sort(key=lambda part: part[0].seq_id)
+        entries: list[BatchEntry] = []
+        rows: list[tuple[Sequence, int]] = []
+        for seq, chunk in parts:
+            entries.extend(chunk)
+            if chunk[-1].logits:
+                rows.append((seq, len(entries) - 1))
         rc = self.ctx.decode(entries)
         if rc != 0:
             self._fail_step(rc)
@@ -322,7 +333,7 @@ class Scheduler:
         if keep_prefix:
             self._keep_prefix(seq)
         self.ctx.seq_rm(seq.seq_id)
-        self._free_ids.append(seq.seq_id)
+        heapq.heappush(self._free_ids, seq.seq_id)
         self._reserved -= seq.reserved
         if seq.prefix is not None:
             seq.prefix.refs -= 1
@@ -343,11 +354,10 @@ class Scheduler:
             if not idle:
                 return
             self._evict(min(idle, key=lambda p: p.last_used))
-        if self._reserved - seq.reserved + n > self.ctx.n_ctx:
+        if not self.ctx.per_sequence_streams and self._reserved - seq.reserved + n > self.ctx.n_ctx:
             return
         entry = PrefixEntry(seq_id=self._prefix_ids.pop(), tokens=list(seq.prompt), last_used=time.perf_counter())
-        self.ctx.seq_rm(entry.seq_id)
-        self.ctx.seq_cp(seq.seq_id, entry.seq_id, 0, n)
+        self.ctx.copy_prefix(seq.seq_id, entry.seq_id, n)
         self._prefixes.append(entry)
         self._reserved += n
 

@@ -37,7 +37,11 @@ class EdgeSettings:
 
     model_path: str | None = None  # None: the bundled SmolLM2-135M-Instruct Q4_1
     model_name: str = "edge"  # the name clients use to reach this lane
-    n_ctx: int = 4096  # KV cells in total, shared by all slots (unified cache)
+    # Longest prompt + completion of one request, in tokens. With batch_invariant every
+    # sequence id (slots + prefix_slots) owns a KV stream of n_ctx cells, so the KV cache
+    # holds n_ctx * n_seq_max cells (SmolLM2-135M: ~23 KB per cell at F16); without it,
+    # all sequences share one pool of n_ctx cells.
+    n_ctx: int = 4096
     n_threads: int = field(default_factory=_default_threads)
     n_batch: int = 512  # most tokens one llama_decode call may carry
     slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
@@ -46,11 +50,20 @@ class EdgeSettings:
     max_queue: int = 64  # requests waiting for a slot before new ones get 503
     max_queue_wait_s: float = 30.0  # a request waiting longer than this gets 503
     default_max_tokens: int = 256  # when the request gives no max_tokens
-    prefix_reuse: bool = True  # share KV of common prompt prefixes (changes greedy numerics slightly)
+    # Greedy text independent of concurrent traffic and of prefix reuse (one KV stream per
+    # sequence, so each sequence's cells keep the same indices and SIMD reduction order).
+    # False: one shared cell pool, n_seq_max times less KV memory, but logits drift ~1 with
+    # where other requests' cells lie, and greedy text may change from one run to the next.
+    batch_invariant: bool = True
+    prefix_reuse: bool = True  # share KV of common prompt prefixes (exact under batch_invariant)
     prefix_slots: int = 2  # finished prompts kept in the KV cache for prefix reuse
     min_prefix_tokens: int = 16  # shorter common prefixes are recomputed
-    flash_attn: bool = False
-    mix_prefill: bool = False  # True: prompt chunks share steps with decodes (faster, not batch-invariant)
+    flash_attn: bool = False  # ignored under batch_invariant: CPU kernels then depend on the step's shape
+    # True: a prompt chunk shares each step with the running decodes (one pass over the weights
+    # in the shared pool). Under batch_invariant llama.cpp splits such a step per stream, so
+    # it gains little, and together with prefix_reuse and small prefill chunks one greedy text
+    # was seen to change (not yet explained); keep False where exact output matters.
+    mix_prefill: bool = False
     extra_buffers: bool = False  # weight repacking (AMX/AVX512); off: it faults where AMX is denied
     seed: int = 0xC0FFEE  # default sampler seed when the request gives none
 
