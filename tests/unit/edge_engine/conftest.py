@@ -32,3 +32,11 @@ def runner() -> Iterator[EngineRunner]:
     r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, max_queue=8, n_ctx=1024, slots=8))
     yield r
     r.close()
+
+
+@pytest.fixture(scope="session")
+def reuse_runner() -> Iterator[EngineRunner]:
+    """Prefix reuse on and small prompt chunks: a prompt's tail is recomputed in other shapes."""
+    r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=True, prefill_chunk=16, n_ctx=512, slots=8))
+    yield r
+    r.close()
