@@ -39,7 +39,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; fi; exit $$rc
 
 router-model: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/tierlane router train --seed 0 --out policies/router/artifacts
+	HF_HUB_OFFLINE=1 $(BIN)/tierlane router train --out policies/router/artifacts
 
 bench: $(STAMP)
 	for script in bench/*.py; do HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done

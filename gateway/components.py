@@ -43,7 +43,17 @@ async def _engine(settings: Settings, policy: Policy) -> Any:
     return engine
 
 
+async def _embedder(settings: Settings, policy: Policy) -> Any:
+    from policies.embedder import Embedder
+
+    embedder = Embedder(max_wait_ms=settings.embedder.max_wait_ms, max_batch=settings.embedder.max_batch)
+    await embedder.start()
+    return embedder
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
+    # One embedding per request, shared by the semantic cache and the router.
+    Component("embedder", lambda s, p: s.embedder.enabled, _embedder),
 ]

@@ -87,13 +87,18 @@ class EdgeSettingsModel(_Strict):
     model_name: str = "edge"
     aliases: list[str] = Field(default_factory=list)
     model_path: str | None = None
-    n_ctx: int = Field(4096, ge=256)
+    n_ctx: int = Field(2048, ge=256, description="KV cells per sequence: longest prompt + completion")
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=8)
     slots: int = Field(8, ge=1)
     prefill_chunk: int = Field(64, ge=8)
     n_gpu_layers: int = 0
     max_queue: int = Field(64, ge=1)
+    batch_invariant: bool = Field(
+        True, description="greedy output independent of other traffic (one KV stream per sequence; more memory)"
+    )
+    prefix_reuse: bool = Field(True, description="reuse the KV cache of a shared prompt prefix")
+    mix_prefill: bool = Field(False, description="prompt chunks share steps with decodes (faster, not exact)")
 
 
 class EmbedderSettings(_Strict):

@@ -10,10 +10,11 @@ from typing import Any
 import aiohttp
 
 from gateway.context import Answer, RequestContext, Usage
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 
+AUTO = "auto"
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
 
@@ -26,7 +27,15 @@ async def answer(
     it with the gateway's own span, a child of the client's trace.
     """
     body = ctx.body
-    if ctx.target_model and ctx.target_model != body.get("model"):
+    if ctx.target_model in (None, AUTO):
+        ctx.target_model = pool.default_model(ctx.pool)
+        if ctx.target_model is None:
+            raise ModelNotFound(
+                f"model 'auto' was routed to upstream pool {ctx.pool!r}, which names no model: list models "
+                "on its upstreams or set lanes.upstream.pools.<pool>.model in the policy",
+                param="model",
+            )
+    if ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
     client_wants_usage = False
     if ctx.stream:

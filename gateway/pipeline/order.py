@@ -8,7 +8,8 @@ run in order after the client has its answer.
 
 STAGES: list[tuple[str, str | None]] = [
     ("gateway.pipeline.budget", "budgets"),  # limits are counted before any work is done
-    ("gateway.pipeline.trim", "trim"),
+    ("gateway.pipeline.route", "router"),  # picks the lane for `auto`; enforces lane policy for all
+    ("gateway.pipeline.trim", "trim"),  # after routing, so tokens are counted for the chosen lane
 ]
 
 HOOKS: list[tuple[str, str | None]] = [

@@ -42,10 +42,12 @@ def write_chart(report: dict[str, Any], out_dir: Path) -> Path:
             values = [report["lanes"][n][metric][p] or 0.0 for n in lanes]
             offset = (2 * i + j) * width - 0.4 + width / 2
             label = f"{'latency' if j == 0 else 'TTFT'} {p}"
-            right.bar([x + offset for x in range(len(lanes))], values, width=width, label=label, hatch=hatch)
+            right.bar([x + offset for x in range(len(lanes))], values, width=width, label=label, hatch=hatch,
+                      color=f"C{i}", alpha=1.0 if j == 0 else 0.6)
     right.set_xticks(list(range(len(lanes))), lanes)
     right.set_ylabel("ms")
-    right.set_yscale("log")
+    if any((report["lanes"][n]["latency_ms"]["p50"] or 0) > 0 for n in lanes):
+        right.set_yscale("log")  # cache hits and upstream answers differ by orders of magnitude
     right.set_title("latency and time to first token by lane")
     right.legend(fontsize=7, ncol=2)
 

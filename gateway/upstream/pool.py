@@ -162,6 +162,14 @@ class UpstreamPool:
                 return name
         return None
 
+    def default_model(self, pool: str | None) -> str | None:
+        """The first model a pool's upstreams name: what `auto` requests sent there ask for."""
+        for upstream in self._by_pool.get(pool or "", ()):
+            for name in upstream.settings.models:
+                if name != "*":
+                    return name
+        return None
+
     def model_names(self) -> list[str]:
         return sorted({m for u in self._upstreams for m in u.models})
 

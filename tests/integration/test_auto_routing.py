@@ -1,0 +1,65 @@
+"""`auto` requests through the real router, embedder, edge engine and an upstream."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.support.background import RunningApp
+from tests.support.config import PASS_THROUGH, upstream_cfg
+from tests.support.faults import Recorder, fault_app
+
+PROMPTS = [
+    "hi there!",
+    "Prove that the square root of 2 is irrational, step by step, then generalise to any prime p.",
+    "What is the capital of Italy?",
+    "Let f(x) = x^3 - 6x^2 + 11x - 6. Find all real roots and the intervals where f is decreasing.",
+]
+
+
+@pytest.fixture
+def gw(bg, make_gateway):
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text="from upstream"))
+    base = {
+        **PASS_THROUGH,
+        "edge": {"enabled": True, "n_ctx": 1024, "slots": 4, "n_threads": 1},
+        "embedder": {"enabled": True},
+        "policy": {**PASS_THROUGH["policy"], "router": {"enabled": True}},
+    }
+    gateway = make_gateway(base=base, upstreams=[upstream_cfg("up", up.url + "/v1", models=["big-model"])])
+    gateway.rec = rec  # type: ignore[attr-defined]
+    return gateway
+
+
+def ask(gw, prompt: str, **headers: str) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4}
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def test_auto_requests_are_scored_and_sent_where_the_decision_says(gw):
+    lanes = []
+    for prompt in PROMPTS:
+        r = ask(gw, prompt)
+        assert r.status_code == 200, r.text
+        header = r.headers["x-tierlane-lane"]
+        m = re.match(r"^(edge|upstream(?::\w+)?); score=([0-9.]+); reason=(router_strong|router_weak)$", header)
+        assert m, header
+        lane, score, reason = m.group(1), float(m.group(2)), m.group(3)
+        assert 0.0 <= score <= 1.0
+        assert (reason == "router_strong") == lane.startswith("upstream")
+        served_by_upstream = r.json()["choices"][0]["message"]["content"] == "from upstream"
+        assert served_by_upstream == lane.startswith("upstream")
+        lanes.append(lane)
+    assert gw.rec.hits == sum(lane.startswith("upstream") for lane in lanes)
+
+
+def test_route_header_forces_a_lane(gw):
+    r = ask(gw, PROMPTS[1], **{"x-tierlane-route": "edge"})
+    assert r.status_code == 200
+    assert r.headers["x-tierlane-lane"].startswith("edge") and "reason=forced" in r.headers["x-tierlane-lane"]
+    r = ask(gw, PROMPTS[0], **{"x-tierlane-route": "upstream"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-tierlane-lane"].startswith("upstream") and r.json()["choices"][0]["message"]["content"] == "from upstream"
