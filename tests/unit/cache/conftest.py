@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import AsyncIterator, Callable, Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from policies.cache.service import SemanticCache
 from policies.embedder import Embedder, load_sentence_model
+from policies.policy import Policy
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import Flow  # noqa: E402
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -26,3 +34,25 @@ async def embedder(sentence_model: SentenceTransformer) -> AsyncIterator[Embedde
         yield emb
     finally:
         await emb.close()
+
+
+@pytest.fixture
+async def open_cache(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[SemanticCache]]]:
+    """Opens real caches under tmp_path (optionally with a policy overlay); closes them after the test."""
+    opened: list[SemanticCache] = []
+
+    async def make(state_dir: Path | None = None, **cache_policy: Any) -> SemanticCache:
+        policy = Policy.load(extra={"cache": cache_policy} if cache_policy else None)
+        cache = SemanticCache(state_dir or tmp_path, policy)
+        await cache.start()
+        opened.append(cache)
+        return cache
+
+    yield make
+    for cache in opened:
+        await cache.close()
+
+
+@pytest.fixture
+async def flow(open_cache: Callable[..., Awaitable[SemanticCache]], embedder: Embedder) -> Flow:
+    return Flow(await open_cache(), embedder)
