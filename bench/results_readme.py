@@ -138,6 +138,7 @@ def render(results_dir: Path) -> str:
         parts.append(f"### {path.stem}")
         parts.append("")
         what = data.get("what") or data.get("benchmark")
+        what = None if what == path.stem else what
         head = " ".join(x for x in (f"{what}." if what else "", f"({_stamp(data)})" if _stamp(data) else "") if x)
         if head:
             parts += [head, ""]
