@@ -13,5 +13,6 @@ STAGES: list[tuple[str, str | None]] = [
 ]
 
 HOOKS: list[tuple[str, str | None]] = [
+    ("gateway.pipeline.shadow", "shadow"),  # samples cache/edge answers against the upstream, in the background
     ("gateway.pipeline.meter", None),  # last: it bills what the other hooks decided
 ]
