@@ -1,0 +1,120 @@
+"""Cache lookup latency: miss path (embed + search + verify) at concurrency 1 and 32, and a hit.
+
+Measured through the real Embedder and SemanticCache (SQLite + faiss) in one run; the
+end-to-end hit through gateway.app.create_app is not measured here yet.
+Writes bench/results/cache_latency.json. Run: .venv/bin/python bench/cache_latency.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from policies.cache.scope import build_key, normalise  # noqa: E402
+from policies.cache.service import SemanticCache  # noqa: E402
+from policies.embedder import Embedder  # noqa: E402
+from policies.policy import Policy  # noqa: E402
+
+TOPICS = ["python", "tax law", "gardening", "jazz", "rust", "cooking", "astronomy", "chess", "sql", "cycling"]
+
+
+def question(i: int) -> str:
+    return f"Question {i}: what should a beginner know about {TOPICS[i % len(TOPICS)]} in week {i // 10}?"
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 3)
+
+
+async def run(entries: int, requests: int) -> dict[str, object]:
+    policy = Policy.load()
+    with tempfile.TemporaryDirectory() as tmp:
+        embedder = Embedder()
+        await embedder.start()
+        cache = SemanticCache(Path(tmp), policy)
+        await cache.start()
+        config = cache.config_for(tenant="bench", app="bench", model="auto", route=None)
+
+        def key(text: str):
+            k, _ = build_key({"messages": [{"role": "user", "content": text}]}, tenant="bench", model="auto",
+                             route=None, rules=config.rules)
+            return k
+
+        for i in tqdm(range(entries), desc="fill"):
+            text = question(i)
+            await cache.store(key(text), await embedder.embed(normalise(text)), {"choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "answer"}, "finish_reason": "stop"}]},
+                {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}, config)
+
+        async def one(text: str) -> tuple[float, bool]:
+            started = time.perf_counter()
+            vector = await embedder.embed(normalise(text))
+            hit = await cache.lookup(key(text), vector, config)
+            return (time.perf_counter() - started) * 1000.0, hit is not None
+
+        results: dict[str, object] = {"entries": entries}
+        misses = [f"How do I repair a {TOPICS[i % 10]} problem number {i} quickly?" for i in range(requests)]
+        for concurrency in (1, 32):
+            latencies: list[float] = []
+            hits = 0
+            bar = tqdm(total=requests, desc=f"miss c={concurrency}")
+            for start in range(0, requests, concurrency):
+                batch = misses[start : start + concurrency]
+                for ms, hit in await asyncio.gather(*(one(t) for t in batch)):
+                    latencies.append(ms)
+                    hits += hit
+                bar.update(len(batch))
+            bar.close()
+            results[f"miss_c{concurrency}"] = {"n": len(latencies), "p50_ms": pct(latencies, 50),
+                                               "p99_ms": pct(latencies, 99), "mean_ms": round(statistics.mean(latencies), 3),
+                                               "unexpected_hits": hits}
+        # The part after the embedding: scope key, faiss search, SQLite fetch and verification.
+        vectors = [await embedder.embed(normalise(t)) for t in misses]
+        latencies = []
+        for text, vector in tqdm(list(zip(misses, vectors)), desc="search+verify"):
+            started = time.perf_counter()
+            await cache.lookup(key(text), vector, config)
+            latencies.append((time.perf_counter() - started) * 1000.0)
+        results["miss_search_verify_only_c1"] = {"n": len(latencies), "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99)}
+        latencies = []
+        for i in tqdm(range(requests), desc="exact hit"):
+            ms, hit = await one(question(i % entries))
+            assert hit
+            latencies.append(ms)
+        results["hit_embed_and_lookup_c1"] = {"n": len(latencies), "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99)}
+        results["embed_batches"] = embedder.batches
+        results["embed_texts"] = embedder.texts
+        await cache.close()
+        await embedder.close()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=320)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cache_latency.json")
+    args = parser.parse_args()
+    results = asyncio.run(run(args.entries, args.requests))
+    results.update({"benchmark": "cache_latency", "targets": {"miss_c1_p50_ms": 5.0, "hit_e2e_p50_ms": 10.0},
+                    "end_to_end_hit": "not measured yet (needs gateway.app.create_app wiring of the cache)"})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
