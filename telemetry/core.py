@@ -30,6 +30,7 @@ from telemetry.tokens import (
     TokenCount,
     chunk_tokens,
     estimate_request_tokens,
+    estimate_usage,
     heuristic_count,
     load_local_tokenizer,
     resolve_usage,
@@ -126,6 +127,10 @@ class Telemetry:
             if self.prometheus is not None:
                 self.prometheus.rejected(tenant, app, code)
             raise
+
+    def estimate_usage(self, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
+        """A local count of a request and its answer, marked `estimated` (for upstreams that report none)."""
+        return estimate_usage(self._count, body, response)
 
     def charge_stream(self, ctx: RequestContext, tokens: int) -> bool:
         """Charge tokens a stream just produced; False: over a limit, end the stream with an error."""

@@ -122,7 +122,7 @@ def estimate_request_tokens(body: Mapping[str, Any]) -> int:
     return sum(heuristic_count(t) for t in texts) + messages * PER_MESSAGE_TOKENS
 
 
-def _estimate(count: TokenCount, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
+def estimate_usage(count: TokenCount, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
     texts, messages = prompt_texts(body)
     input_tokens = sum(count(t) for t in texts)
     if messages:
@@ -144,5 +144,5 @@ async def resolve_usage(ctx: RequestContext, outcome: Outcome, count: TokenCount
         return Usage()  # nothing was generated, and a refused request is not billed
     chars = sum(len(t) for t in prompt_texts(ctx.body)[0]) + sum(len(t) for t in answer_texts(response))
     if chars > INLINE_CHARS:
-        return await asyncio.to_thread(_estimate, count, ctx.body, response)
-    return _estimate(count, ctx.body, response)
+        return await asyncio.to_thread(estimate_usage, count, ctx.body, response)
+    return estimate_usage(count, ctx.body, response)

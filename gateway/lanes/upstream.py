@@ -18,8 +18,14 @@ AUTO = "auto"
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
 
+Estimate = Callable[[dict[str, Any], dict[str, Any] | None], Usage]
+
+
 async def answer(
-    pool: UpstreamPool, ctx: RequestContext, inject_trace: Callable[[dict[str, str]], None] | None = None
+    pool: UpstreamPool,
+    ctx: RequestContext,
+    inject_trace: Callable[[dict[str, str]], None] | None = None,
+    estimate: Estimate | None = None,
 ) -> Answer:
     """Send ctx.body upstream; return the JSON answer or a relay of the stream.
 
@@ -65,7 +71,7 @@ async def answer(
     ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
     if reply.response is None:
         return _whole(ctx, reply)
-    return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage))
+    return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage, estimate))
 
 
 def _whole(ctx: RequestContext, reply: UpstreamReply) -> Answer:
@@ -95,8 +101,14 @@ def _client_error(reply: UpstreamReply) -> GatewayError:
     )
 
 
-async def _relay(ctx: RequestContext, reply: UpstreamReply, client_wants_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def _relay(
+    ctx: RequestContext, reply: UpstreamReply, client_wants_usage: bool, estimate: Estimate | None
+) -> AsyncIterator[dict[str, Any]]:
     assert reply.response is not None
+    # Kept only for upstreams that send no usage although asked (llama.cpp's server, some
+    # proxies): the client that asked for usage then gets a local estimate, marked as such.
+    texts: list[str] = []
+    last: dict[str, Any] = {}
     max_bytes = reply.upstream.settings.max_response_bytes
     ok = False
     blame = False
@@ -106,6 +118,8 @@ async def _relay(ctx: RequestContext, reply: UpstreamReply, client_wants_usage: 
             ctx.lane_seconds += time.perf_counter() - waited
             if event is DONE:
                 ok = True
+                if client_wants_usage and ctx.usage is None and estimate is not None:
+                    yield _estimated_usage_chunk(ctx, estimate, texts, last)
                 return
             if not isinstance(event, dict):
                 raise UpstreamError("the upstream sent a stream event that is not an object")
@@ -118,6 +132,12 @@ async def _relay(ctx: RequestContext, reply: UpstreamReply, client_wants_usage: 
                     event = {k: v for k, v in event.items() if k != "usage"}
             if ctx.first_token_at is None and event.get("choices"):
                 ctx.first_token_at = time.perf_counter()
+            if client_wants_usage and ctx.usage is None:
+                last = event
+                for choice in event.get("choices") or ():
+                    piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                    if isinstance(piece, str):
+                        texts.append(piece)
             yield event
             waited = time.perf_counter()
     except UpstreamError:
@@ -132,3 +152,20 @@ async def _relay(ctx: RequestContext, reply: UpstreamReply, client_wants_usage: 
     finally:
         # A consumer that stops early (client gone) closes the connection without blaming the upstream.
         reply.release(ok=ok, blame=blame)
+
+
+def _estimated_usage_chunk(
+    ctx: RequestContext, estimate: Estimate, texts: list[str], last: dict[str, Any]
+) -> dict[str, Any]:
+    text = "".join(texts)
+    answer = {"choices": [{"text": text}]} if ctx.operation == "completions" else {"choices": [{"message": {"content": text}}]}
+    ctx.usage = estimate(ctx.body, answer)
+    usage = {**ctx.usage.to_openai(), "estimated": True}
+    return {
+        "id": last.get("id"),
+        "object": last.get("object", "chat.completion.chunk"),
+        "created": last.get("created"),
+        "model": last.get("model"),
+        "choices": [],
+        "usage": usage,
+    }

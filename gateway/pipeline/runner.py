@@ -60,7 +60,8 @@ class Pipeline:
             return await edge_lane.answer(self.services.engine, ctx)
         tel = self.services.telemetry
         inject = tel.spans.inject if tel is not None and tel.spans.enabled else None
-        return await upstream_lane.answer(self.services.pool, ctx, inject_trace=inject)
+        estimate = tel.estimate_usage if tel is not None else None
+        return await upstream_lane.answer(self.services.pool, ctx, inject_trace=inject, estimate=estimate)
 
     def complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         """Close the model span and run the hooks off the response path; drained on shutdown."""
