@@ -51,9 +51,16 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
     return embedder
 
 
+async def _cache(settings: Settings, policy: Policy) -> Any:
+    from policies.cache.service import open_cache
+
+    return await open_cache(settings.state_dir, policy)
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
     # One embedding per request, shared by the semantic cache and the router.
     Component("embedder", lambda s, p: s.embedder.enabled, _embedder),
+    Component("cache", _section_on("cache"), _cache),
 ]

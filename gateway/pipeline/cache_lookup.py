@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import InvalidRequest
+from gateway.pipeline.embed import ensure_embedding
 from policies.cache.replay import fresh_body, replay_chunks
 from policies.cache.scope import build_key, route_header, wants
 from policies.cache.service import SemanticCache
@@ -39,6 +40,7 @@ class CacheLookupStage:
     """Sets ctx.cache_status/key/similarity; on a hit answers with the stored completion."""
 
     cache: SemanticCache
+    embedder: Any = None
     name: str = "cache_lookup"
 
     async def run(self, ctx: RequestContext) -> Answer | None:
@@ -58,7 +60,10 @@ class CacheLookupStage:
             ctx.attributes["tierlane.cache.bypass_reason"] = "no-cache"
             return None
         max_tokens = _max_output_tokens(ctx.body)
-        hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens)
+        # Exact match first: a repeat is answered without computing an embedding at all.
+        hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens)
+        if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
+            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens)
         if hit is None:
             ctx.cache_status = "miss"
             return None
@@ -80,4 +85,4 @@ class CacheLookupStage:
 
 
 def build(services: Services) -> CacheLookupStage | None:
-    return CacheLookupStage(services.cache) if services.cache is not None else None
+    return CacheLookupStage(services.cache, services.embedder) if services.cache is not None else None

@@ -1,37 +1,31 @@
-"""Pipeline stage: one sentence embedding of the last user turn, shared by the cache and the router."""
+"""One sentence embedding of the last user turn per request, computed on first use and kept on ctx.
+
+Not a stage of its own: the cache lookup asks for it only after an exact match has failed,
+and the router only for `auto` requests, so requests that need no embedding pay nothing.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-from gateway.context import Answer, RequestContext
+import numpy as np
+
+from gateway.context import RequestContext
 from policies.cache.scope import last_user_text, normalise
-from policies.embedder import Embedder
-
-if TYPE_CHECKING:
-    from gateway.services import Services
 
 # The model reads 256 word pieces at most; longer text only costs tokenizer time.
 _MAX_CHARS = 4000
 
 
-@dataclass(slots=True)
-class EmbedStage:
-    """Sets ctx.embedding (384-d, L2-normalised) of the normalised last user turn."""
-
-    embedder: Embedder
-    name: str = "embed"
-
-    async def run(self, ctx: RequestContext) -> Answer | None:
-        if ctx.embedding is not None or ctx.operation == "embeddings":
-            return None
-        text = last_user_text(ctx.body)
-        if not text:
-            return None
-        ctx.embedding = await self.embedder.embed(normalise(text)[:_MAX_CHARS])
-        return None
+def embedding_text(body: dict[str, Any]) -> str | None:
+    text = last_user_text(body)
+    return normalise(text)[:_MAX_CHARS] if text else None
 
 
-def build(services: Services) -> EmbedStage | None:
-    return EmbedStage(services.embedder) if services.embedder is not None else None
+async def ensure_embedding(ctx: RequestContext, embedder: Any) -> np.ndarray | None:
+    """ctx.embedding (384-d, L2-normalised), computed once with the shared micro-batching embedder."""
+    if ctx.embedding is None and embedder is not None and ctx.operation != "embeddings":
+        text = embedding_text(ctx.body)
+        if text:
+            ctx.embedding = await embedder.embed(text)
+    return ctx.embedding

@@ -8,11 +8,13 @@ run in order after the client has its answer.
 
 STAGES: list[tuple[str, str | None]] = [
     ("gateway.pipeline.budget", "budgets"),  # limits are counted before any work is done
+    ("gateway.pipeline.cache_lookup", "cache"),  # exact, then semantic + verification; may answer
     ("gateway.pipeline.route", "router"),  # picks the lane for `auto`; enforces lane policy for all
     ("gateway.pipeline.trim", "trim"),  # after routing, so tokens are counted for the chosen lane
 ]
 
 HOOKS: list[tuple[str, str | None]] = [
+    ("gateway.pipeline.cache_store", "cache"),  # admits complete, successful answers only
     ("gateway.pipeline.shadow", "shadow"),  # samples cache/edge answers against the upstream, in the background
     ("gateway.pipeline.meter", None),  # last: it bills what the other hooks decided
 ]

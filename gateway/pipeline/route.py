@@ -11,6 +11,7 @@ import numpy as np
 
 from gateway.context import Answer, RequestContext, RouteDecision
 from gateway.errors import InvalidRequest, PermissionDenied, UpstreamUnavailable
+from gateway.pipeline.embed import ensure_embedding
 from policies.router.features import Prompt, last_user_text
 from policies.router.model import Router
 from policies.router.policy import LaneTarget, RoutePolicy, RouteRules
@@ -143,13 +144,12 @@ class RouteStage:
     async def _embedding(self, ctx: RequestContext, prompt: Prompt) -> np.ndarray:
         if ctx.embedding is not None:
             return np.asarray(ctx.embedding)
+        if self.embedder is not None and await ensure_embedding(ctx, self.embedder) is not None:
+            return np.asarray(ctx.embedding)
         text = last_user_text(prompt)
-        if self.embedder is not None:
-            vector = await self.embedder.embed(text)
-        else:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="route-embed")
-            vector = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, text)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="route-embed")
+        vector = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, text)
         ctx.embedding = vector
         return np.asarray(vector)
 

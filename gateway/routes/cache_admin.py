@@ -8,18 +8,19 @@ import orjson
 from aiohttp import web
 
 from gateway.errors import InvalidRequest, NotFound, PermissionDenied
-from gateway.keys import PRINCIPAL
+from gateway.keys import PRINCIPAL, SERVICES
 
 if TYPE_CHECKING:
     from gateway.services import Services
     from policies.cache.service import SemanticCache
 
 
-def _admin_cache(request: web.Request, services: Services) -> SemanticCache:
-    principal = request.get(PRINCIPAL) or request.get("principal")
+def _admin_cache(request: web.Request, services: Services | None) -> SemanticCache:
+    principal = request.get(PRINCIPAL)
     if principal is None or not principal.admin:
         raise PermissionDenied("purging the cache needs an admin API key")
-    if services.cache is None:
+    services = services or request.app.get(SERVICES)
+    if services is None or services.cache is None:
         raise NotFound("the semantic cache is switched off on this gateway")
     cache: SemanticCache = services.cache
     return cache
@@ -29,8 +30,8 @@ def _json(payload: dict[str, object]) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
 
-def add_routes(app: web.Application, services: Services) -> None:
-    """Register the purge endpoints; both are admin only."""
+def add_routes(app: web.Application, services: Services | None = None) -> None:
+    """Register the purge endpoints (admin only); `services` defaults to the app's, looked up per request."""
 
     async def purge_tenant(request: web.Request) -> web.Response:
         cache = _admin_cache(request, services)

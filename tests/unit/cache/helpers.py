@@ -8,7 +8,6 @@ from typing import Any
 from gateway.context import Answer, Outcome, Principal, RequestContext
 from gateway.pipeline.cache_lookup import CacheLookupStage
 from gateway.pipeline.cache_store import CacheStoreHook
-from gateway.pipeline.embed import EmbedStage
 from policies.cache.service import SemanticCache
 from policies.embedder import Embedder
 
@@ -39,8 +38,7 @@ class Flow:
     """One gateway's cache stages over a real embedder and a real cache."""
 
     def __init__(self, cache: SemanticCache, embedder: Embedder) -> None:
-        self.embed = EmbedStage(embedder)
-        self.lookup = CacheLookupStage(cache)
+        self.lookup = CacheLookupStage(cache, embedder)
         self.store = CacheStoreHook(cache)
 
     def context(self, body: dict[str, Any], *, tenant: str = "acme", headers: dict[str, str] | None = None) -> RequestContext:
@@ -56,7 +54,6 @@ class Flow:
 
     async def ask(self, body: dict[str, Any], **kw: Any) -> tuple[RequestContext, Answer | None]:
         ctx = self.context(body, **kw)
-        await self.embed.run(ctx)
         return ctx, await self.lookup.run(ctx)
 
     async def answer(self, body: dict[str, Any], text: str, *, finish: str = "stop", complete: bool = True,
