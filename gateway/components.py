@@ -7,6 +7,7 @@ reverse order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,9 @@ async def _engine(settings: Settings, policy: Policy) -> Any:
     from edge_engine import EdgeEngine, EdgeSettings
 
     cfg = settings.edge.model_dump(exclude={"enabled", "aliases"}, exclude_none=True)
+    # One core is left to the event loop and the embedder: llama.cpp's spinning threads
+    # collapse throughput when they share every core with other work.
+    cfg.setdefault("n_threads", max(1, (os.cpu_count() or 1) - 1))
     engine = EdgeEngine(EdgeSettings(**cfg))
     await engine.start()
     return engine
@@ -46,7 +50,8 @@ async def _engine(settings: Settings, policy: Policy) -> Any:
 async def _embedder(settings: Settings, policy: Policy) -> Any:
     from policies.embedder import Embedder
 
-    embedder = Embedder(max_wait_ms=settings.embedder.max_wait_ms, max_batch=settings.embedder.max_batch)
+    cfg = settings.embedder
+    embedder = Embedder(max_wait_ms=cfg.max_wait_ms, max_batch=cfg.max_batch, threads=cfg.threads)
     await embedder.start()
     return embedder
 

@@ -103,6 +103,7 @@ class EdgeSettingsModel(_Strict):
 
 class EmbedderSettings(_Strict):
     enabled: bool = True
+    threads: int | None = Field(1, ge=1, description="torch intra-op threads (null: torch's default)")
     max_wait_ms: float = Field(2.0, ge=0)
     max_batch: int = Field(64, ge=1)
 
