@@ -83,7 +83,8 @@ def main() -> int:
     result = {
         "what": "router.score (text features + model) and score + policy decision; embedding excluded",
         "model": router.manifest.get("model", {}).get("name"), "kind": router.kind,
-        "hot_path": "numpy tree walk" if router.fast is not None else ("numpy dot" if router.kind == "linear" else "sklearn"),
+        "hot_path": {"FlatForest": "numpy tree walk", "FlatMLP": "numpy MLP"}.get(type(router.fast).__name__)
+        if router.fast is not None else ("numpy dot" if router.kind == "linear" else "sklearn"),
         "target": "p99 <= 1000 us",
         "calls": args.calls, "prompts": len(prompts), "source": source,
         "prompt_chars_p50": int(np.median([len(p) for p in prompts])),

@@ -11,6 +11,7 @@ from sklearn.decomposition import PCA
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.neighbors import KNeighborsClassifier
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
@@ -37,7 +38,7 @@ class Candidate:
     """One model family on one feature set; `aux` names how MATH levels are used, if at all."""
 
     name: str
-    family: str  # "lr" | "hgb" | "knn"
+    family: str  # "lr" | "ridge" | "hgb" | "mlp" | "knn"
     features: FeatureSet
     c: float = 0.1
     target: str = "strong_needed"  # or "weak_wrong"
@@ -72,6 +73,14 @@ def default_candidates() -> list[Candidate]:
         Candidate("lr_both_math_difficulty", "lr", "both", c=0.02, aux="math_difficulty",
                   note="a ridge MATH-level predictor added as one feature"),
         Candidate("hgb_both", "hgb", "both", note="gradient boosting on text features + 32 PCA components of the embedding"),
+        Candidate("hgb_both_pca16", "hgb", "both", extra={"pca": 16},
+                  note="gradient boosting on text features + 16 PCA components"),
+        Candidate("hgb_both_slow", "hgb", "both", extra={"pca": 32, "learning_rate": 0.03, "max_iter": 400,
+                                                          "max_leaf_nodes": 7, "min_samples_leaf": 80},
+                  note="gradient boosting, smaller steps and leaves, up to 400 rounds (early stopping)"),
+        Candidate("hgb_text", "hgb", "text", note="gradient boosting on the text features alone"),
+        Candidate("mlp_both", "mlp", "both", extra={"pca": 64, "hidden": 32, "alpha": 1.0},
+                  note="one-hidden-layer MLP (32 units) on standardised text features + 64 PCA components"),
         Candidate("knn_embedding", "knn", "embedding", shippable=False,
                   note="stores every training vector (~15 MB): over the 2 MB artifact budget"),
     ]
@@ -128,19 +137,37 @@ def fit_candidate(candidate: Candidate, data: TrainSet, seed: int) -> Fitted:
         return Fitted(candidate, est, _fold_linear(est, candidate.features, d, txt.shape[1], extra))
     if candidate.family == "hgb":
         # Trees over 384 raw embedding dims are slow and overfit; 32 principal components keep the gist.
+        ex = candidate.extra
         reduce = ColumnTransformer(
-            [("pca", PCA(n_components=min(32, d), random_state=seed), slice(0, d)), ("text", "passthrough", slice(d, None))]
+            [("pca", PCA(n_components=min(int(ex.get("pca", 32)), d), random_state=seed), slice(0, d)),
+             ("text", "passthrough", slice(d, None))]
         ) if candidate.features == "both" else "passthrough"
         est = Pipeline([
             ("reduce", reduce),
             ("hgb", HistGradientBoostingClassifier(
-                max_iter=100, learning_rate=0.1, max_leaf_nodes=15, l2_regularization=1.0,
-                early_stopping=True, validation_fraction=0.15, random_state=seed,
+                max_iter=int(ex.get("max_iter", 100)), learning_rate=float(ex.get("learning_rate", 0.1)),
+                max_leaf_nodes=int(ex.get("max_leaf_nodes", 15)), min_samples_leaf=int(ex.get("min_samples_leaf", 20)),
+                l2_regularization=1.0, early_stopping=True, validation_fraction=0.15, random_state=seed,
             )),
         ])
         # NOTE: one OpenMP thread: on a shared 2-core machine more threads spin and slow every fit.
         with threadpool_limits(limits=1):
             est.fit(x, y, hgb__sample_weight=weights)
+        return Fitted(candidate, est, None)
+    if candidate.family == "mlp":
+        if candidate.features != "both" or weights is not None:
+            raise ValueError("the mlp candidate takes the 'both' feature set and no sample weights")
+        ex = candidate.extra
+        est = Pipeline([
+            ("reduce", ColumnTransformer(
+                [("pca", PCA(n_components=min(int(ex.get("pca", 64)), d), random_state=seed), slice(0, d)),
+                 ("text", "passthrough", slice(d, None))])),
+            ("scale", StandardScaler()),
+            ("mlp", MLPClassifier(hidden_layer_sizes=(int(ex.get("hidden", 32)),), alpha=float(ex.get("alpha", 1.0)),
+                                  early_stopping=True, validation_fraction=0.15, max_iter=300, random_state=seed)),
+        ])
+        with threadpool_limits(limits=1):
+            est.fit(x, y)
         return Fitted(candidate, est, None)
     if candidate.family == "knn":
         est = KNeighborsClassifier(n_neighbors=100, algorithm="brute")

@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from policies.router.artifact import Artifact, RouterArtifactError, load_artifact
 from policies.router.calibration import GapCurve, threshold_for_target
 from policies.router.features import FEATURE_NAMES, Prompt, text_feature_matrix, text_features
-from policies.router.trees import FlatForest
+from policies.router.trees import FlatForest, FlatMLP
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class Router:
     curve: GapCurve | None
     default_threshold: float
     manifest: dict[str, Any]
-    fast: FlatForest | None = None  # numpy copy of a tree ensemble for one-row scoring
+    fast: FlatForest | FlatMLP | None = None  # numpy copy of the estimator for one-row scoring
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Router:
@@ -67,9 +67,11 @@ class Router:
         slope, offset = p.get("platt", (1.0, 0.0))
         fast = None
         estimator = p.get("estimator")
-        if kind == "sklearn" and p.get("features") == "both" and hasattr(estimator, "named_steps") \
-                and "hgb" in estimator.named_steps:
-            fast = FlatForest.from_pipeline(estimator)
+        if kind == "sklearn" and p.get("features") == "both" and hasattr(estimator, "named_steps"):
+            if "hgb" in estimator.named_steps:
+                fast = FlatForest.from_pipeline(estimator)
+            elif "mlp" in estimator.named_steps:
+                fast = FlatMLP.from_pipeline(estimator)
         return cls(
             kind=kind,
             dimension=dimension,

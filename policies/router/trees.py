@@ -61,3 +61,42 @@ class FlatForest:
                     node = left[node] if v <= threshold[node] else right[node]
             total += value[node]
         return total
+
+
+@dataclass(slots=True, frozen=True)
+class FlatMLP:
+    """A numpy copy of Pipeline([PCA + passthrough, StandardScaler, one-hidden-layer MLPClassifier])."""
+
+    pca_mean: np.ndarray
+    pca_components: np.ndarray
+    scale_mean: np.ndarray
+    scale_scale: np.ndarray
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: float
+
+    @classmethod
+    def from_pipeline(cls, pipeline: Any) -> FlatMLP:
+        reduce, scaler, mlp = pipeline[0], pipeline[1], pipeline[-1]
+        pca = reduce.named_transformers_["pca"]
+        if getattr(pca, "whiten", False):
+            raise ValueError("whitened PCA is not supported by the flat MLP")
+        if len(mlp.coefs_) != 2 or mlp.activation != "relu" or mlp.out_activation_ != "logistic":
+            raise ValueError("the flat MLP copies one relu hidden layer with a logistic output only")
+        return cls(
+            pca_mean=np.asarray(pca.mean_, dtype=np.float64),
+            pca_components=np.asarray(pca.components_, dtype=np.float64),
+            scale_mean=np.asarray(scaler.mean_, dtype=np.float64),
+            scale_scale=np.asarray(scaler.scale_, dtype=np.float64),
+            w1=np.asarray(mlp.coefs_[0], dtype=np.float64),
+            b1=np.asarray(mlp.intercepts_[0], dtype=np.float64),
+            w2=np.asarray(mlp.coefs_[1], dtype=np.float64).reshape(-1),
+            b2=float(np.ravel(mlp.intercepts_[1])[0]),
+        )
+
+    def raw(self, embedding: np.ndarray, text: np.ndarray) -> float:
+        """The model's log-odds for one row (embedding, text features)."""
+        x = np.concatenate([self.pca_components @ (embedding.astype(np.float64) - self.pca_mean), text])
+        h = np.maximum((x - self.scale_mean) / self.scale_scale @ self.w1 + self.b1, 0.0)
+        return float(h @ self.w2 + self.b2)

@@ -69,3 +69,27 @@ def test_flat_forest_walk_matches_sklearn(data: TrainSet) -> None:
     np.testing.assert_allclose([router.score(p, e) for p, e in zip(prompts, fresh)], batch, rtol=1e-9, atol=1e-12)
     logits = np.log(batch / (1 - batch))
     assert np.ptp(logits) > 0.1  # the trees split these rows apart
+
+
+def test_mlp_candidate_and_its_numpy_copy_match_sklearn(data: TrainSet) -> None:
+    from policies.router.model import Router
+    from policies.router.trees import FlatMLP
+
+    fitted = fit_candidate(Candidate("m", "mlp", "both", extra={"pca": 8, "hidden": 8, "alpha": 0.1}), data, seed=0)
+    router = Router.from_params(
+        {"kind": "sklearn", "dimension": data.emb.shape[1], "estimator": fitted.estimator,
+         "features": "both", "platt": (0.9, 0.1)},
+        curve=None, default_threshold=0.5, manifest={},
+    )
+    assert isinstance(router.fast, FlatMLP)
+    fresh = np.random.default_rng(5).normal(size=(40, data.emb.shape[1])).astype(np.float32)
+    prompts = ["q", "Why?", "Solve $x^2=4$ step by step", "list three colours"] * 10
+    batch = router.score_batch(prompts, fresh)  # sklearn's predict_proba
+    np.testing.assert_allclose([router.score(p, e) for p, e in zip(prompts, fresh)], batch, rtol=1e-7, atol=1e-9)
+    assert np.ptp(batch) > 0.01
+
+
+def test_hgb_hyperparameters_come_from_extra(data: TrainSet) -> None:
+    fitted = fit_candidate(Candidate("h", "hgb", "both", extra={"pca": 4, "max_leaf_nodes": 3}), data, seed=0)
+    assert fitted.estimator[0].named_transformers_["pca"].n_components == 4
+    assert fitted.estimator[-1].max_leaf_nodes == 3
