@@ -85,7 +85,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rate", type=float, default=4.0, help="workload arrivals per second")
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--shadow-rate", type=float, default=0.25, help="share of cache/edge answers shadowed")
     parser.add_argument("--upstream-threads", type=int, default=1)
     parser.add_argument("--upstream-url", help="use this running OpenAI-compatible upstream (.../v1) instead of starting one")

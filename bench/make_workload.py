@@ -75,8 +75,14 @@ def counts(total: int, shares: dict[str, float]) -> dict[str, int]:
     return out
 
 
+# Production apps bound answer length in the system prompt; it also lets a small model finish
+# (finish_reason "stop"), which is what the cache admits.
+SYSTEM = "You are a concise assistant. Answer in one short sentence."
+
+
 def _body(text: str, model: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
 
 
 def generate(
@@ -87,7 +93,7 @@ def generate(
     seed: int = 0,
     rate: float = 4.0,
     model: str = "auto",
-    max_tokens: int = 24,
+    max_tokens: int = 48,
 ) -> Iterator[dict[str, Any]]:
     """The workload records, in arrival order."""
     if requests < 1:
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=4.0, help="mean arrivals per second")
     parser.add_argument("--model", default="auto")
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data directory")
     args = parser.parse_args(argv)
     from gateway.replay.workload import write_workload

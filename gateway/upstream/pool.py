@@ -72,6 +72,7 @@ class Upstream:
     inflight: int = 0
     wildcard: bool = False
     models: frozenset[str] = field(default_factory=frozenset)
+    discovered: tuple[str, ...] = ()  # what a wildcard upstream's /models listed at start
 
     @property
     def name(self) -> str:
@@ -138,6 +139,24 @@ class UpstreamPool:
                 json_serialize=lambda o: orjson.dumps(o).decode(),
                 auto_decompress=True,
             )
+        await asyncio.gather(*(self._discover(u) for u in self._upstreams if u.wildcard))
+
+    async def _discover(self, upstream: Upstream) -> None:
+        """Ask a wildcard upstream which models it serves, so `auto` has a name to send it."""
+        assert upstream.session is not None
+        headers = {"Authorization": f"Bearer {upstream.settings.api_key}"} if upstream.settings.api_key else {}
+        try:
+            async with upstream.session.get(
+                upstream.settings.base_url + "/models", headers=headers, timeout=aiohttp.ClientTimeout(total=3)
+            ) as resp:
+                data = orjson.loads(await resp.read()) if resp.status == 200 else {}
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
+            log.info("upstream %s: model discovery failed (%s); auto needs a named model", upstream.name, exc)
+            return
+        items = data.get("data") if isinstance(data, dict) else None
+        upstream.discovered = tuple(
+            str(m["id"]) for m in items or () if isinstance(m, dict) and isinstance(m.get("id"), str)
+        )
 
     async def close(self) -> None:
         for upstream in self._upstreams:
@@ -164,14 +183,18 @@ class UpstreamPool:
 
     def default_model(self, pool: str | None) -> str | None:
         """The first model a pool's upstreams name: what `auto` requests sent there ask for."""
-        for upstream in self._by_pool.get(pool or "", ()):
+        members = self._by_pool.get(pool or "", ())
+        for upstream in members:
             for name in upstream.settings.models:
                 if name != "*":
                     return name
+        for upstream in members:
+            if upstream.discovered:
+                return upstream.discovered[0]
         return None
 
     def model_names(self) -> list[str]:
-        return sorted({m for u in self._upstreams for m in u.models})
+        return sorted({m for u in self._upstreams for m in (*u.models, *u.discovered)})
 
     def healthy(self) -> bool:
         return any(u.breaker.available() for u in self._upstreams)
