@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,27 @@ from tests.support.config import PASS_THROUGH  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TIERLANE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def sentence_model() -> Any:
+    """all-MiniLM-L6-v2 from the installed package, loaded once for the whole session."""
+    from policies.embedder import load_sentence_model
+
+    return load_sentence_model()
+
+
+@pytest.fixture
+async def embedder(sentence_model: Any) -> AsyncIterator[Any]:
+    """A started micro-batching Embedder over the session's model."""
+    from policies.embedder import Embedder
+
+    emb = Embedder(model=sentence_model)
+    await emb.start()
+    try:
+        yield emb
+    finally:
+        await emb.close()
 
 
 @pytest.fixture(scope="session")

@@ -5,35 +5,17 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Callable, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from policies.cache.service import SemanticCache
-from policies.embedder import Embedder, load_sentence_model
+from policies.embedder import Embedder
 from policies.policy import Policy
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import Flow  # noqa: E402
-
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
-
-@pytest.fixture(scope="session")
-def sentence_model() -> SentenceTransformer:
-    return load_sentence_model()
-
-
-@pytest.fixture
-async def embedder(sentence_model: SentenceTransformer) -> AsyncIterator[Embedder]:
-    emb = Embedder(model=sentence_model)
-    await emb.start()
-    try:
-        yield emb
-    finally:
-        await emb.close()
 
 
 @pytest.fixture

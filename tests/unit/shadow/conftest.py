@@ -1,35 +1,16 @@
-"""The real embedding model and a small local upstream, for the shadow hook tests."""
+"""A small local upstream for the shadow hook tests (the embedder fixture is suite-wide)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from policies.embedder import Embedder, load_sentence_model
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.faults import Recorder, fault_app
 
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
 UPSTREAM_ANSWER = "Paris is the capital of France."
-
-
-@pytest.fixture(scope="session")
-def sentence_model() -> SentenceTransformer:
-    return load_sentence_model()
-
-
-@pytest.fixture
-async def embedder(sentence_model: SentenceTransformer) -> AsyncIterator[Embedder]:
-    emb = Embedder(model=sentence_model)
-    await emb.start()
-    try:
-        yield emb
-    finally:
-        await emb.close()
 
 
 @pytest.fixture
