@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,25 +111,92 @@ def load_everyday(data_dir: Path) -> list[str]:
 Encoder = Callable[[list[str]], np.ndarray]
 
 
-def cached_embeddings(
-    texts: Sequence[str], encoder: Encoder, cache_dir: Path, label: str, batch_size: int = 256
+# What the gateway embeds: gateway.pipeline.embed.embedding_text of the request (the last user
+# turn, normalised, cut at 4000 chars) with the model as load_sentence_model() returns it.
+RUNTIME_MAX_SEQ_LENGTH = 256
+
+
+def runtime_text(prompt: str) -> str:
+    """The exact text the gateway embeds for a one-turn chat request carrying `prompt`."""
+    from gateway.pipeline.embed import embedding_text
+
+    return embedding_text({"messages": [{"role": "user", "content": prompt}]}) or ""
+
+
+class RuntimeEncoder:
+    """policies.embedder's model and encode(), loaded on first use, exactly as the gateway runs them.
+
+    Sets torch to one intra-op thread for the whole process: on a small shared machine torch's
+    spinning worker threads made the embedding pass ~30x slower.
+    """
+
+    def __init__(self) -> None:
+        self._model: Any = None
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        if self._model is None:
+            import torch
+
+            from policies.embedder import load_sentence_model
+
+            torch.set_num_threads(1)
+            self._model = load_sentence_model()
+            if self._model.max_seq_length != RUNTIME_MAX_SEQ_LENGTH:
+                raise ValueError(
+                    f"the embedding model reads {self._model.max_seq_length} word pieces, the router expects "
+                    f"{RUNTIME_MAX_SEQ_LENGTH}; retrain the router for this model"
+                )
+        from policies.embedder import encode
+
+        return encode(self._model, texts)
+
+
+def grouped_embeddings(
+    texts: Sequence[str],
+    groups: np.ndarray,
+    wanted: Sequence[str],
+    encoder: Encoder,
+    cache_dir: Path,
+    label: str,
+    batch_size: int = 256,
 ) -> np.ndarray:
-    """Embed `texts` once; later calls with the same texts read `<cache_dir>/<label>-<hash>.npy`."""
-    digest = hashlib.sha256(EMBEDDING_MODEL_NAME.encode())
-    for t in texts:
-        digest.update(t.encode("utf-8", "surrogatepass") + b"\0")
-    path = cache_dir / f"{label}-{digest.hexdigest()[:16]}.npy"
-    if path.is_file():
-        return np.load(path)
-    # Similar lengths in one batch waste less padding; the order is restored afterwards.
-    order = np.argsort([len(t) for t in texts], kind="stable")
-    chunks = []
-    for start in tqdm(range(0, len(texts), batch_size), desc=f"embed {label}", unit="batch"):
-        chunks.append(encoder([texts[i] for i in order[start : start + batch_size]]))
-    vectors = np.empty((len(texts), chunks[0].shape[1]), dtype=np.float32)
-    vectors[order] = np.vstack(chunks)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, vectors)
-    tmp.replace(path)
-    return vectors
+    """Embeddings of the rows whose group is in `wanted`, in row order, cached one file per group.
+
+    Per-group files let an evaluation embed only its held-out subjects on a cold cache, while
+    training (all subjects) fills and reuses the same files. Missing groups are embedded in one
+    length-sorted pass with a single progress bar.
+    """
+    rows = np.flatnonzero(np.isin(groups, list(wanted)))
+    paths: dict[str, Path] = {}
+    for group in sorted(set(groups[rows].tolist())):
+        idx = np.flatnonzero(groups == group)
+        digest = hashlib.sha256(f"{EMBEDDING_MODEL_NAME}\0{RUNTIME_MAX_SEQ_LENGTH}".encode())
+        for i in idx:
+            digest.update(texts[i].encode("utf-8", "surrogatepass") + b"\0")
+        paths[group] = cache_dir / f"{label}-{group}-{digest.hexdigest()[:16]}.npy"
+    missing = [g for g, p in paths.items() if not p.is_file()]
+    if missing:
+        todo = np.flatnonzero(np.isin(groups, missing))
+        order = todo[np.argsort([len(texts[i]) for i in todo], kind="stable")]
+        vectors: dict[int, np.ndarray] = {}
+        with tqdm(total=len(order), desc=f"embed {label} ({len(missing)} groups)", unit="row") as bar:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                for i, v in zip(chunk.tolist(), encoder([texts[i] for i in chunk])):
+                    vectors[i] = v
+                bar.update(len(chunk))
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for group in missing:
+            idx = np.flatnonzero(groups == group)
+            tmp = paths[group].with_suffix(".tmp.npy")
+            np.save(tmp, np.stack([vectors[i] for i in idx.tolist()]).astype(np.float32))
+            tmp.replace(paths[group])
+    by_group = {g: np.load(p) for g, p in paths.items()}
+    dim = next(iter(by_group.values())).shape[1] if by_group else 0
+    out = np.empty((len(rows), dim), dtype=np.float32)
+    position = {g: 0 for g in by_group}
+    for k, i in enumerate(rows.tolist()):
+        g = str(groups[i])
+        out[k] = by_group[g][position[g]]
+        position[g] += 1
+    return out

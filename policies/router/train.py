@@ -14,17 +14,21 @@ from sklearn.model_selection import GroupKFold
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from policies.embedder import DIMENSION, encode, load_sentence_model
+from policies.embedder import DIMENSION
 from policies.router.artifact import save_artifact
 from policies.router.calibration import gap_curve, threshold_for_target
 from policies.router.candidates import Candidate, Fitted, TrainSet, decision, default_candidates, fit_candidate
 from policies.router.data import (
     EMBEDDING_MODEL_NAME,
+    RUNTIME_MAX_SEQ_LENGTH,
+    Encoder,
     MMLUData,
-    cached_embeddings,
+    RuntimeEncoder,
+    grouped_embeddings,
     load_everyday,
     load_math,
     load_mmlu,
+    runtime_text,
 )
 from policies.router.evaluate import routing_metrics, target_checks
 from policies.router.features import text_feature_matrix
@@ -62,14 +66,13 @@ class Corpus:
     everyday_emb: np.ndarray
 
 
-# MATH is an auxiliary signal; a seeded sample keeps the first (uncached) embedding pass short on 2 cores.
+# MATH is an auxiliary signal; a seeded sample keeps its embedding pass short on 2 cores.
 MATH_SAMPLE = 2000
 MATH_SEED = 7
-# The same reason caps MMLU rows per subject (every subject stays, so holding out by subject still works)
-# and embeds with MiniLM's training length of 128 word pieces (the gateway embeds up to 256).
-PER_SUBJECT = 150
+# None = every MMLU row. The runtime-way embedding pass over all 14,042 rows takes ~5-11 min on one
+# core; set a cap (rows per subject, seeded) only if that ever stops fitting.
+PER_SUBJECT: int | None = None
 SUBJECT_SEED = 11
-TRAIN_MAX_SEQ_LENGTH = 128
 
 
 def math_sample(data_dir: Path) -> tuple[list[str], np.ndarray]:
@@ -79,8 +82,10 @@ def math_sample(data_dir: Path) -> tuple[list[str], np.ndarray]:
     return [problems[i] for i in keep], levels[keep]
 
 
-def subject_sample(mmlu: MMLUData, per_subject: int = PER_SUBJECT, seed: int = SUBJECT_SEED) -> MMLUData:
-    """At most `per_subject` seeded rows of every subject, in file order."""
+def subject_sample(mmlu: MMLUData, per_subject: int | None = PER_SUBJECT, seed: int = SUBJECT_SEED) -> MMLUData:
+    """At most `per_subject` seeded rows of every subject (all rows when None), in file order."""
+    if per_subject is None:
+        return mmlu
     rng = np.random.RandomState(seed)
     keep: list[int] = []
     for subject in np.unique(mmlu.subjects):
@@ -89,24 +94,37 @@ def subject_sample(mmlu: MMLUData, per_subject: int = PER_SUBJECT, seed: int = S
     return mmlu.take(np.asarray(keep))
 
 
+def mmlu_embeddings(
+    mmlu: MMLUData, cache_dir: Path, subjects: list[str] | None = None, encoder: Encoder | None = None
+) -> np.ndarray:
+    """Embeddings of the rows of `subjects` (default: all), computed exactly as the gateway does.
+
+    Text: gateway.pipeline.embed.embedding_text of a one-turn chat request; model: policies.embedder
+    at its own settings (256 word pieces). Cached per subject, so an evaluation embeds only its own.
+    """
+    texts = [runtime_text(p) for p in mmlu.prompts]
+    wanted = sorted(set(mmlu.subjects.tolist())) if subjects is None else subjects
+    return grouped_embeddings(texts, mmlu.subjects, wanted, encoder or RuntimeEncoder(), cache_dir, EMBED_TAG)
+
+
+def _embed_all(texts: list[str], encoder: Encoder, cache_dir: Path, label: str) -> np.ndarray:
+    runtime = [runtime_text(t) for t in texts]
+    return grouped_embeddings(runtime, np.full(len(runtime), "all"), ["all"], encoder, cache_dir, label)
+
+
+EMBED_TAG = f"mmlu-rt{RUNTIME_MAX_SEQ_LENGTH}"
+
+
 def load_corpus(data_dir: Path, cache_dir: Path) -> Corpus:
-    """Read the shared data and embed it with the real MiniLM model (cached after the first run)."""
+    """Read the shared data and embed it the way the gateway does (cached after the first run)."""
     mmlu = subject_sample(load_mmlu(data_dir))
     problems, levels = math_sample(data_dir)
     everyday = load_everyday(data_dir)
-    model: Any = None
-
-    def encoder(texts: list[str]) -> np.ndarray:
-        nonlocal model
-        if model is None:
-            model = load_sentence_model()
-            model.max_seq_length = TRAIN_MAX_SEQ_LENGTH
-        return encode(model, texts)
-
-    tag = f"s{TRAIN_MAX_SEQ_LENGTH}"
-    emb = cached_embeddings(mmlu.prompts, encoder, cache_dir, f"mmlu-{tag}")
-    math_emb = cached_embeddings(problems, encoder, cache_dir, f"math-{tag}")
-    everyday_emb = cached_embeddings(everyday, encoder, cache_dir, f"everyday-{tag}")
+    encoder = RuntimeEncoder()
+    emb = mmlu_embeddings(mmlu, cache_dir, encoder=encoder)
+    tag = f"rt{RUNTIME_MAX_SEQ_LENGTH}"
+    math_emb = _embed_all(problems, encoder, cache_dir, f"math-{tag}")
+    everyday_emb = _embed_all(everyday, encoder, cache_dir, f"everyday-{tag}")
     return Corpus(
         mmlu=mmlu,
         emb=emb,
@@ -248,8 +266,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                   "family": chosen.candidate.family, "target": chosen.candidate.target,
                   "aux": chosen.candidate.aux, "platt": {"slope": slope, "offset": offset}},
         "embedding": {"model": EMBEDDING_MODEL_NAME, "dimension": int(corpus.emb.shape[1]),
-                      "text": "last user turn", "normalized": True,
-                      "train_max_seq_length": TRAIN_MAX_SEQ_LENGTH},
+                      "text": "gateway.pipeline.embed.embedding_text (last user turn, NFKC + whitespace "
+                              "normalised, first 4000 chars)",
+                      "normalized": True, "train_max_seq_length": RUNTIME_MAX_SEQ_LENGTH,
+                      "same_as_runtime": True},
         "label": "strong needed = weak model wrong and strong model right",
         "data": {
             "mmlu_rows": len(m.prompts), "mmlu_subjects": int(len(np.unique(m.subjects))),
