@@ -33,6 +33,7 @@ def main() -> int:
         "targets": {"apgr": ">= 0.65", "cpt50": "<= 0.35"},
         "held_out": report,
         "random_baseline": {"apgr": 0.5, "cpt50": 0.5, "cpt80": 0.8},
+        "all_subjects_cv": manifest.get("metrics", {}).get("all_subjects_cv"),
         "candidates_held_out": {c["name"]: {k: c["test"][k] for k in ("auc", "apgr", "cpt50", "cpt80")}
                                 for c in manifest.get("candidates", [])},
         "candidates_dev_oof": {c["name"]: {k: c["dev_oof"][k] for k in ("auc", "apgr", "cpt50", "cpt80")}
@@ -43,7 +44,8 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps({k: report[k] for k in ("auc", "apgr", "cpt50", "cpt80")}))
+    print(json.dumps({k: report.get(k) for k in ("auc", "apgr", "cpt50", "cpt80", "mean_within_subject_auc",
+                                                 "without_largest_subject")}))
     return 0
 
 

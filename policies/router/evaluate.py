@@ -89,12 +89,35 @@ def held_out_data(router: Router, data_dir: Path, cache_dir: Path) -> tuple[MMLU
     return mmlu.take(idx), mmlu_embeddings(mmlu, cache_dir, subjects=list(subjects))
 
 
+def per_subject(scores: np.ndarray, data: MMLUData) -> dict[str, dict[str, Any]]:
+    """Rows, positive rate, mean score and within-subject AUC (None when a subject has one class)."""
+    out: dict[str, dict[str, Any]] = {}
+    for subject in sorted(set(data.subjects.tolist())):
+        k = data.subjects == subject
+        y = data.label[k]
+        out[subject] = {
+            "rows": int(k.sum()), "positive_rate": round(float(y.mean()), 4),
+            "mean_score": round(float(scores[k].mean()), 4),
+            "auc": round(float(roc_auc_score(y, scores[k])), 4) if 0 < y.sum() < len(y) else None,
+        }
+    return out
+
+
 def evaluate_router(router: Router, data_dir: Path, cache_dir: Path, plot: Path | None = None) -> dict[str, Any]:
     """Score the held-out subjects with `router`; optionally draw the PGR-vs-strong-share curve."""
     test, emb = held_out_data(router, data_dir, cache_dir)
     scores = router.score_batch(test.prompts, emb)
     report = routing_metrics(scores, test, calibrated=True)
     report["test_subjects"] = sorted(set(test.subjects.tolist()))
+    report["per_subject"] = per_subject(scores, test)
+    within = [r["auc"] for r in report["per_subject"].values() if r["auc"] is not None]
+    report["mean_within_subject_auc"] = round(float(np.mean(within)), 4) if within else None
+    # The largest subject can dominate the pooled figures; the same metrics without it.
+    largest = max(report["per_subject"], key=lambda s: report["per_subject"][s]["rows"])
+    rest = np.flatnonzero(test.subjects != largest)
+    if len(rest) and 0 < test.label[rest].mean() < 1:
+        without = routing_metrics(scores[rest], test.take(rest))
+        report["without_largest_subject"] = {"subject": largest, **{k: without[k] for k in ("rows", "auc", "apgr", "cpt50", "cpt80")}}
     if router.curve is not None:
         report["target_checks"] = target_checks(router.curve, scores, test)
     report["model"] = router.manifest.get("model", {}).get("name")
