@@ -14,6 +14,7 @@ import joblib
 import numpy as np
 import sklearn
 
+from policies.router.data import EMBEDDING_MODEL_NAME, RUNTIME_MAX_SEQ_LENGTH
 from policies.router.features import FEATURE_NAMES, FEATURE_VERSION
 
 ARTIFACT_FORMAT = 1
@@ -89,6 +90,17 @@ def check_manifest(manifest: dict[str, Any]) -> None:
         )
     if list(manifest.get("feature_names") or []) != list(FEATURE_NAMES):
         raise RouterArtifactError(f"router artifact lists other text features than this code; {rebuild}")
+    embedding = manifest.get("embedding") or {}
+    if embedding.get("model") != EMBEDDING_MODEL_NAME:
+        raise RouterArtifactError(
+            f"router artifact was trained on {embedding.get('model')!r} embeddings, the gateway computes "
+            f"{EMBEDDING_MODEL_NAME!r}; {rebuild}"
+        )
+    if embedding.get("train_max_seq_length", RUNTIME_MAX_SEQ_LENGTH) != RUNTIME_MAX_SEQ_LENGTH:
+        raise RouterArtifactError(
+            f"router artifact was trained on embeddings of {embedding.get('train_max_seq_length')} word pieces, "
+            f"the gateway embeds {RUNTIME_MAX_SEQ_LENGTH}; {rebuild}"
+        )
     built = str((manifest.get("libraries") or {}).get("scikit-learn", "unknown"))
     if _minor(built) != _minor(sklearn.__version__):
         raise RouterArtifactError(

@@ -82,3 +82,15 @@ def test_loads_from_a_copy_by_manifest_path(artifact_copy: Path, shipped_router:
     router = Router.load(artifact_copy / MANIFEST_FILE)
     emb = unit_vectors(1, router.dimension, 1)[0]
     assert router.score("why?", emb) == pytest.approx(shipped_router.score("why?", emb))
+
+
+def test_embeddings_other_than_the_gateways_are_refused(artifact_copy: Path) -> None:
+    manifest = json.loads((artifact_copy / MANIFEST_FILE).read_text())
+    embedding = manifest["embedding"]
+    assert embedding["model"] == "all-MiniLM-L6-v2" and embedding["train_max_seq_length"] == 256
+    edit_manifest(artifact_copy, embedding={**embedding, "train_max_seq_length": 128})
+    with pytest.raises(RouterArtifactError, match="128 word pieces, the gateway embeds 256"):
+        Router.load(artifact_copy)
+    edit_manifest(artifact_copy, embedding={**embedding, "model": "bge-small"})
+    with pytest.raises(RouterArtifactError, match="'bge-small' embeddings"):
+        Router.load(artifact_copy)

@@ -2,7 +2,8 @@
 
 The held-out rows are embedded exactly as the gateway embeds a request (embedding_text + the
 shared model at 256 word pieces), one cache file per subject under .tierlane/cache/router: a cold
-cache embeds only the held-out subjects (~2,800 rows, a few minutes on one core), never the full set.
+cache embeds only the held-out subjects (3,332 rows: 122 s measured on 2 shared cores), never the
+full 14,042.
 """
 
 from __future__ import annotations
