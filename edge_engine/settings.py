@@ -45,7 +45,11 @@ class EdgeSettings:
     n_threads: int = field(default_factory=_default_threads)
     n_batch: int = 512  # most tokens one llama_decode call may carry
     slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
-    prefill_chunk: int = 64  # prompt tokens ingested per step, so running decodes keep going
+    # Prompt tokens ingested per step. A request that arrives during a long prefill waits for
+    # the chunk in flight (bench/edge_prefill_chunk.py, 1,500-token prompt, 2 threads): short
+    # TTFT p99 was ~8x its TTFT alone at 64, ~3.6-4x at 32 and ~3.3-3.5x at 16, while the long
+    # prompt's own TTFT grew 6-12 % at 32 and 24-38 % at 16.
+    prefill_chunk: int = 32
     n_gpu_layers: int = 0  # >0 needs a CUDA or Metal build of llama-cpp-python
     max_queue: int = 64  # requests waiting for a slot before new ones get 503
     max_queue_wait_s: float = 30.0  # a request waiting longer than this gets 503

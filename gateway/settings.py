@@ -91,7 +91,7 @@ class EdgeSettingsModel(_Strict):
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=8)
     slots: int = Field(8, ge=1)
-    prefill_chunk: int = Field(64, ge=8)
+    prefill_chunk: int = Field(32, ge=8, description="prompt tokens per step; a new request waits at most one chunk")
     n_gpu_layers: int = 0
     max_queue: int = Field(64, ge=1)
     batch_invariant: bool = Field(
