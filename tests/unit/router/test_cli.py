@@ -14,14 +14,14 @@ from policies.router import Router
 from policies.router.cli import parse_score_line, score_stream
 
 
-def test_score_round_trip(shipped_router: Router, router_sentence_model, monkeypatch, capsys) -> None:
+def test_score_round_trip(shipped_router: Router, sentence_model, monkeypatch, capsys) -> None:
     rows = [{"prompt": "hello there"}, {"messages": [{"role": "system", "content": "s"},
                                                      {"role": "user", "content": "Integrate x^2 sin x dx"}]}]
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(json.dumps(r) for r in rows) + "\n\n"))
     assert main(["router", "score"]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(out) == 2 and all(0.0 <= o["score"] <= 1.0 for o in out)
-    emb = encode(router_sentence_model, ["hello there", "Integrate x^2 sin x dx"])
+    emb = encode(sentence_model, ["hello there", "Integrate x^2 sin x dx"])
     expected = [shipped_router.score("hello there", emb[0]), shipped_router.score(rows[1]["messages"], emb[1])]
     np.testing.assert_allclose([o["score"] for o in out], expected, atol=1e-5)
 

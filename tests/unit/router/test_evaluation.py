@@ -46,7 +46,7 @@ def test_held_out_subjects_beat_random(shipped_router: Router, held_out) -> None
     assert report["apgr"] == pytest.approx(shipped["apgr"], abs=0.005)
 
 
-async def test_evaluation_embeddings_are_the_gateways(shipped_router: Router, held_out, router_embedder: Embedder) -> None:
+async def test_evaluation_embeddings_are_the_gateways(shipped_router: Router, held_out, embedder: Embedder) -> None:
     # Train/serve parity: the vectors the router was trained and evaluated on are the ones the
     # gateway's embedder produces for a chat request carrying the same prompt, long ones included.
     assert shipped_router.manifest["embedding"]["same_as_runtime"] is True
@@ -55,6 +55,6 @@ async def test_evaluation_embeddings_are_the_gateways(shipped_router: Router, he
     pick = np.r_[np.argsort(lengths)[-6:], np.random.default_rng(0).choice(len(test.prompts), 10, replace=False)]
     for i in pick.tolist():
         text = embedding_text({"messages": [{"role": "user", "content": test.prompts[i]}]})
-        live = await router_embedder.embed(text)
+        live = await embedder.embed(text)
         np.testing.assert_allclose(live, emb[i], atol=2e-5)
         assert abs(shipped_router.score(test.prompts[i], live) - shipped_router.score(test.prompts[i], emb[i])) < 1e-3

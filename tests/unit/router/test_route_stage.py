@@ -33,9 +33,9 @@ def ctx(model: str = "auto", header: str | None = None, text: str = "What is 2+2
     return c
 
 
-async def test_auto_is_decided_by_the_router(shipped_router: Router, router_embedder: Embedder) -> None:
+async def test_auto_is_decided_by_the_router(shipped_router: Router, embedder: Embedder) -> None:
     c = ctx(text="Prove that every bounded monotone sequence of reals converges.")
-    assert await stage(shipped_router, router_embedder).run(c) is None
+    assert await stage(shipped_router, embedder).run(c) is None
     assert c.route is not None and 0.0 <= c.route.score <= 1.0
     assert c.embedding is not None and c.embedding.shape == (384,)  # shared with later stages
     expected = "upstream" if c.route.score >= c.route.threshold else "edge"
@@ -45,9 +45,9 @@ async def test_auto_is_decided_by_the_router(shipped_router: Router, router_embe
     assert (c.pool, c.target_model) == (("standard", None) if expected == "upstream" else (None, "edge"))
 
 
-async def test_threshold_policy_splits_both_ways(shipped_router: Router, router_embedder: Embedder) -> None:
-    low = stage(shipped_router, router_embedder, router={"target": {"mode": "threshold", "value": 0.0}})
-    high = stage(shipped_router, router_embedder, router={"target": {"mode": "threshold", "value": 1.0}})
+async def test_threshold_policy_splits_both_ways(shipped_router: Router, embedder: Embedder) -> None:
+    low = stage(shipped_router, embedder, router={"target": {"mode": "threshold", "value": 0.0}})
+    high = stage(shipped_router, embedder, router={"target": {"mode": "threshold", "value": 1.0}})
     a, b = ctx(), ctx()
     await low.run(a)
     await high.run(b)
