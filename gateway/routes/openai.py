@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from gateway import protocol
@@ -61,7 +63,11 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     return web.json_response(
         {"object": "list", "data": request.app[RESOLVER].listing()},
-        headers={"x-request-id": request[REQUEST_ID], "x-tierlane-lane": "none", "x-tierlane-overhead-ms": "0"},
+        headers={
+            "x-request-id": request[REQUEST_ID],
+            "x-tierlane-lane": "none",
+            "x-tierlane-overhead-ms": f"{(time.perf_counter() - request[RECEIVED_AT]) * 1000:.3f}",
+        },
     )
 
 
