@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import time
 from collections.abc import Mapping, Sequence
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import InvalidRequest
+from gateway.timefmt import iso_time, parse_time
 from telemetry.ledger import Ledger
 
 GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
@@ -58,9 +58,9 @@ class UsageQuery:
                     )
                 if key not in group_by:
                     group_by.append(key)
-        end = _time(params.get("to"), "to", end_of_day=True) if params.get("to") else now
+        end = parse_time(params.get("to"), "to", end_of_day=True) if params.get("to") else now
         start = (
-            _time(params.get("from"), "from", end_of_day=False)
+            parse_time(params.get("from"), "from", end_of_day=False)
             if params.get("from")
             else end - DEFAULT_DAYS * 86400.0
         )
@@ -93,32 +93,6 @@ def _all(params: Mapping[str, Any], key: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
 
 
-def _time(raw: Any, param: str, *, end_of_day: bool) -> float:
-    """Unix seconds, an ISO date (a `to` date includes that whole day) or an ISO datetime (UTC if naive)."""
-    text = str(raw).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        if len(text) == 10:
-            day = dt.date.fromisoformat(text)
-            moment = dt.datetime.combine(day, dt.time(), dt.UTC)
-            return (moment + dt.timedelta(days=1 if end_of_day else 0)).timestamp()
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(
-            f"`{param}` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param=param
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
-
-
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
-
-
 def run_query(ledger: Ledger, query: UsageQuery) -> list[dict[str, Any]]:
     """Blocking: run it on a worker thread."""
     sql, params = query.sql()
@@ -142,8 +116,8 @@ def report(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     total = {k: round(v, 9) if k.endswith("_usd") else v for k, v in total.items()}
     return {
         "object": "usage.report",
-        "from": _iso(query.start),
-        "to": _iso(query.end),
+        "from": iso_time(query.start),
+        "to": iso_time(query.end),
         "group_by": list(query.group_by),
         "filters": query.filters,
         "data": list(rows),
@@ -175,7 +149,7 @@ def to_table(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> str:
         return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    title = f"usage {_iso(query.start)} .. {_iso(query.end)}"
+    title = f"usage {iso_time(query.start)} .. {iso_time(query.end)}"
     return "\n".join([title, fmt(header), rule, *(fmt(line) for line in lines), rule, fmt(footer)]) + "\n"
 
 

@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 
 import orjson
 from aiohttp import web
 
-from gateway.errors import InvalidRequest, PermissionDenied
+from gateway.errors import PermissionDenied
 from gateway.keys import PRINCIPAL, REQUEST_ID, SETTINGS
 from gateway.pipeline.shadow import AGREE, FILENAME, summarize
+from gateway.timefmt import iso_time, parse_time
 
 
 def parse_since(raw: str | None) -> float:
     """Unix seconds, YYYY-MM-DD or an ISO 8601 datetime (UTC when naive); absent: the beginning."""
     if raw is None or not raw.strip():
         return 0.0
-    text = raw.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(
-            f"`since` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param="since"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
-
-
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
+    return parse_time(raw, "since")
 
 
 async def shadow_report(request: web.Request) -> web.Response:
@@ -44,7 +27,7 @@ async def shadow_report(request: web.Request) -> web.Response:
     since = parse_since(request.query.get("since"))
     path = request.app[SETTINGS].state_dir / FILENAME
     rows = await asyncio.to_thread(summarize, path, since)
-    body = {"object": "shadow.report", "since": _iso(since), "agree_above": AGREE, "data": rows}
+    body = {"object": "shadow.report", "since": iso_time(since), "agree_above": AGREE, "data": rows}
     return web.Response(
         body=orjson.dumps(body), content_type="application/json", headers={"x-request-id": request.get(REQUEST_ID, "")}
     )
