@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.context import RequestContext
@@ -34,8 +34,10 @@ class TrimStage:
     """Applies `policies.trim` to chat requests; the header `x-tierlane-trim: off` skips one request."""
 
     policy: Policy
-    count_tokens: Callable[[str], int] | None
+    count_tokens: Callable[[str], int] | None  # the edge lane's tokenizer; other lanes are estimated
     name: str = "trim"
+    # Parsed policies per (tenant, app, model): resolving and parsing once, not per request.
+    _parsed: dict[tuple[str, str, str], TrimPolicy] = field(default_factory=dict)
 
     async def run(self, ctx: RequestContext) -> None:
         if ctx.operation != "chat":
@@ -43,19 +45,30 @@ class TrimStage:
         if (ctx.header(HEADER) or "").strip().lower() == "off":
             ctx.attributes[HEADER] = "off"
             return None
-        resolved = self.policy.resolve("trim", tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model)
-        policy = TrimPolicy.from_dict(resolved)
+        policy = self._policy_for(ctx.principal.tenant, ctx.principal.app, ctx.model)
         if not policy.enabled:
             ctx.attributes[HEADER] = "off"
             return None
         # Measured by bench/trim_savings.py (stage_cost): milliseconds for a 2k-token conversation,
         # mostly tokenizing, so it runs on a worker thread. NOTE: the trim deep-copies the body first
         # and the loop does not touch ctx.body until it returns, so nothing mutable is shared.
-        result = await asyncio.get_running_loop().run_in_executor(
-            None, trim_request, ctx.body, policy, self.count_tokens
-        )
+        # Counted with the tokenizer of the lane the request goes to: the engine's for the edge
+        # lane; upstream models' tokenizers are not at hand, so those counts are estimates.
+        count = self.count_tokens if ctx.lane == "edge" else None
+        result = await asyncio.get_running_loop().run_in_executor(None, trim_request, ctx.body, policy, count)
         _record(ctx, result)
         return None
+
+
+    def _policy_for(self, tenant: str, app: str, model: str) -> TrimPolicy:
+        key = (tenant, app, model)
+        policy = self._parsed.get(key)
+        if policy is None:
+            if len(self._parsed) >= 4096:  # bounded: model names come from clients
+                self._parsed.clear()
+            resolved = self.policy.resolve("trim", tenant=tenant, app=app, model=model)
+            policy = self._parsed[key] = TrimPolicy.from_dict(resolved)
+        return policy
 
 
 def _record(ctx: RequestContext, result: TrimResult) -> None:

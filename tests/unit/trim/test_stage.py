@@ -44,6 +44,7 @@ async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Ca
     stage = build(_services(engine=EdgeTokenizer(edge_count)))
     assert stage is not None and stage.name == "trim"
     ctx = _ctx([dict(m) for m in MESSAGES])
+    ctx.lane = "edge"
     assert await stage.run(ctx) is None
     assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi there", "hello", "last  one "]
     total = sum(ctx.trim_saved.values())
@@ -51,6 +52,14 @@ async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Ca
     assert ctx.attributes["tierlane.trim.tokens_saved"] == total
     assert ctx.attributes["x-tierlane-trim"] == f"applied;saved={total}"
     assert ctx.attributes["tierlane.trim.estimated"] is False
+
+
+async def test_upstream_requests_are_estimated_even_with_an_engine(edge_count: Callable[[str], int]) -> None:
+    stage = build(_services(engine=EdgeTokenizer(edge_count)))
+    ctx = _ctx([dict(m) for m in MESSAGES])
+    ctx.lane = "upstream"  # the edge tokenizer says nothing about an upstream model's tokens
+    await stage.run(ctx)  # type: ignore[union-attr]
+    assert ctx.attributes["tierlane.trim.estimated"] is True
 
 
 async def test_without_an_engine_the_count_is_an_estimate() -> None:
