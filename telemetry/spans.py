@@ -51,16 +51,10 @@ def request_attributes(ctx: RequestContext) -> dict[str, Any]:
     return attrs
 
 
-class NoopSpan:
-    """Stands in for every span kind when tracing is off; all methods do nothing."""
+class _Inert:
+    """The span-handle methods as no-ops, for spans that record nothing from them."""
 
     __slots__ = ()
-
-    def __enter__(self) -> NoopSpan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def bind(self, ctx: RequestContext) -> None:
         return None
@@ -69,6 +63,18 @@ class NoopSpan:
         return None
 
     def set_response(self, response: Mapping[str, Any] | None) -> None:
+        return None
+
+
+class NoopSpan(_Inert):
+    """Stands in for every span kind when tracing is off; all methods do nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> NoopSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -99,7 +105,7 @@ class _Scoped:
         self.span.end()
 
 
-class StageSpan(_Scoped):
+class StageSpan(_Scoped, _Inert):
     """An INTERNAL span around one pipeline stage."""
 
     __slots__ = ()
@@ -108,15 +114,6 @@ class StageSpan(_Scoped):
         if exc is not None:
             self._fail(exc)
         self._end()
-
-    def bind(self, ctx: RequestContext) -> None:
-        return None
-
-    def set_status_code(self, status: int) -> None:
-        return None
-
-    def set_response(self, response: Mapping[str, Any] | None) -> None:
-        return None
 
 
 class ServerSpan(_Scoped):
