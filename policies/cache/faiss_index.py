@@ -14,6 +14,11 @@ from policies.cache.index import Neighbour
 
 logger = logging.getLogger(__name__)
 
+# NOTE: process-wide. A per-scope flat index searched with one query gains nothing from an
+# OpenMP team, and the team's threads spin after every search: on 2 cores that spinning took
+# the embedder's core and raised its p50 from 5.0 to 8.2 ms (bench/cache_latency.py, miss path).
+faiss.omp_set_num_threads(1)
+
 
 def _flat(dimension: int) -> faiss.IndexIDMap2:
     return faiss.IndexIDMap2(faiss.IndexFlatIP(dimension))
