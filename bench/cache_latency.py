@@ -96,6 +96,7 @@ async def run(entries: int, requests: int) -> dict[str, object]:
             assert hit
             latencies.append(ms)
         results["hit_embed_and_lookup_c1"] = {"n": len(latencies), "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99)}
+        results["embed_backend"] = embedder.backend_name
         results["embed_batches"] = embedder.batches
         results["embed_texts"] = embedder.texts
         await cache.close()

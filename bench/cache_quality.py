@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.verify import _NUMBER_WORDS, STOPWORDS, verify  # noqa: E402
-from policies.embedder import encode, load_sentence_model  # noqa: E402
+from policies.embedder import load_encoder  # noqa: E402
 from policies.policy import Policy  # noqa: E402
 
 POSITIVE_MIN = 4.0
@@ -155,12 +155,12 @@ def main() -> int:
         return 2
     rng = random.Random(args.seed)
     cfg = CacheConfig.from_section(Policy.load().section("cache"))
-    model = load_sentence_model()
+    encoder = load_encoder()  # the gateway's default backend
     pairs = load_stsb(data / "stsb_sts-dev.tsv") + load_gptcache(data / "gptcache_mock_pairs.json", rng)
 
     started = time.perf_counter()
-    va = np.concatenate([encode(model, [p.a for p in pairs[i : i + 256]]) for i in tqdm(range(0, len(pairs), 256), desc="embed a")])
-    vb = np.concatenate([encode(model, [p.b for p in pairs[i : i + 256]]) for i in tqdm(range(0, len(pairs), 256), desc="embed b")])
+    va = np.concatenate([encoder.encode([p.a for p in pairs[i : i + 256]]) for i in tqdm(range(0, len(pairs), 256), desc="embed a")])
+    vb = np.concatenate([encoder.encode([p.b for p in pairs[i : i + 256]]) for i in tqdm(range(0, len(pairs), 256), desc="embed b")])
     sims = np.sum(va * vb, axis=1)
     verified = np.array([verify(p.a, p.b, cfg.verify) is None for p in tqdm(pairs, desc="verify")])
     elapsed = time.perf_counter() - started
@@ -200,6 +200,7 @@ def main() -> int:
     result = {
         "benchmark": "cache_quality",
         "model": "all-MiniLM-L6-v2",
+        "embedding_backend": encoder.backend,
         "labels": {
             "stsb": f"score >= {POSITIVE_MIN} paraphrase, <= {NEGATIVE_MAX} not; the middle is excluded",
             "gptcache": "pairs are paraphrases; negatives: most similar other item + meaning-changing edits",

@@ -51,7 +51,13 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
     from policies.embedder import Embedder
 
     cfg = settings.embedder
-    embedder = Embedder(max_wait_ms=cfg.max_wait_ms, max_batch=cfg.max_batch, threads=cfg.threads)
+    embedder = Embedder(
+        max_wait_ms=cfg.max_wait_ms,
+        max_batch=cfg.max_batch,
+        threads=cfg.threads,
+        backend=cfg.backend,
+        cache_dir=cfg.cache_dir,
+    )
     await embedder.start()
     return embedder
 

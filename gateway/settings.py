@@ -103,7 +103,11 @@ class EdgeSettingsModel(_Strict):
 
 class EmbedderSettings(_Strict):
     enabled: bool = True
-    threads: int | None = Field(1, ge=1, description="torch intra-op threads (null: torch's default)")
+    backend: Literal["onnx", "torch"] = Field(
+        "onnx", description="onnx: onnxruntime on a graph exported once from the bundled weights; torch: sentence-transformers"
+    )
+    cache_dir: Path | None = Field(None, description="where the exported graph is kept (null: ~/.cache/tierlane/models)")
+    threads: int | None = Field(1, ge=1, description="intra-op threads of the backend (null: its default)")
     max_wait_ms: float = Field(2.0, ge=0)
     max_batch: int = Field(64, ge=1)
 
@@ -178,6 +182,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["edge"] = {"enabled": env["TIERLANE_EDGE"].lower() not in ("0", "off", "false", "no")}
     if "TIERLANE_EDGE_MODEL_PATH" in env:
         out.setdefault("edge", {})["model_path"] = env["TIERLANE_EDGE_MODEL_PATH"]
+    if "TIERLANE_EMBEDDER_CACHE_DIR" in env:
+        out["embedder"] = {"cache_dir": env["TIERLANE_EMBEDDER_CACHE_DIR"]}
     if env.get("TIERLANE_UPSTREAM_URL"):
         models = [m.strip() for m in env.get("TIERLANE_UPSTREAM_MODELS", "*").split(",") if m.strip()]
         out["upstreams"] = [

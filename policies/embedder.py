@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -52,6 +52,75 @@ def encode(model: SentenceTransformer, texts: list[str], batch_size: int = 64) -
     return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+class SentenceEncoder(Protocol):
+    """What the batcher needs from a backend: texts in, L2-normalised float32 rows out."""
+
+    backend: str
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+class TorchEncoder:
+    """sentence-transformers on torch: the reference the other backends are checked against."""
+
+    backend = "torch"
+
+    def __init__(self, model: SentenceTransformer, batch_size: int = 64) -> None:
+        self.model = model
+        self.batch_size = batch_size
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return encode(self.model, texts, self.batch_size)
+
+
+def _as_encoder(model: SentenceTransformer | SentenceEncoder) -> SentenceEncoder:
+    # A SentenceTransformer has .backend too ("torch"), but its encode() takes other arguments.
+    if type(model).__module__.startswith("sentence_transformers"):
+        return TorchEncoder(model)  # type: ignore[arg-type]
+    return model  # type: ignore[return-value]
+
+
+def default_cache_dir() -> Path:
+    """Where exported encoder graphs are kept between runs when no directory is configured."""
+    return Path.home() / ".cache" / "tierlane" / "models"
+
+
+def load_encoder(
+    backend: str = "onnx",
+    model_path: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    threads: int | None = 1,
+) -> SentenceEncoder:
+    """The embedding backend: `onnx` (default, torch only for the one-time export) or `torch`.
+
+    When the ONNX backend cannot run (onnxruntime missing, an unwritable cache directory, an
+    export that fails its check) the torch backend serves instead, and the log says why.
+    """
+    if backend not in ("onnx", "torch"):
+        raise ValueError(f"unknown embedding backend {backend!r}: expected 'onnx' or 'torch'")
+    model_dir = Path(model_path) if model_path is not None else bundled_model_path()
+    if backend == "onnx":
+        try:
+            from policies.onnx_encoder import load_onnx_encoder
+
+            return load_onnx_encoder(model_dir, Path(cache_dir) if cache_dir else default_cache_dir(), threads)
+        except Exception as exc:
+            logger.warning("ONNX embedding backend unavailable, using torch: %s", exc)
+    _set_torch_threads(threads)
+    return TorchEncoder(load_sentence_model(model_dir))
+
+
+def _set_torch_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    import torch
+
+    # NOTE: process-wide. One request's sentence gains nothing from intra-op threads, and on a
+    # small shared machine torch's spinning worker threads turned a 13 ms encode into 440 ms p50
+    # (2 threads, 2 cores, other work running).
+    torch.set_num_threads(threads)
+
+
 @dataclass(slots=True)
 class _Pending:
     text: str
@@ -72,8 +141,10 @@ class Embedder:
         max_wait_ms: float = 2.0,
         max_batch: int = 64,
         *,
-        model: SentenceTransformer | None = None,
+        model: SentenceTransformer | SentenceEncoder | None = None,
         threads: int | None = 1,
+        backend: str = "onnx",
+        cache_dir: str | Path | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -83,10 +154,12 @@ class Embedder:
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_batch = max_batch
         self.threads = threads
-        self._model = model
+        self.backend = backend
+        self.cache_dir = cache_dir
+        self._encoder: SentenceEncoder | None = _as_encoder(model) if model is not None else None
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
-        # NOTE: one thread owns the model; torch encode calls are never made concurrently.
+        # NOTE: one thread owns the model; encode calls are never made concurrently.
         self._executor: ThreadPoolExecutor | None = None
         self.batches = 0
         self.texts = 0
@@ -94,6 +167,11 @@ class Embedder:
     @property
     def dimension(self) -> int:
         return DIMENSION
+
+    @property
+    def backend_name(self) -> str | None:
+        """The backend actually serving (`onnx` or `torch`), once started."""
+        return self._encoder.backend if self._encoder is not None else None
 
     @property
     def started(self) -> bool:
@@ -104,18 +182,15 @@ class Embedder:
         if self.started:
             return
         loop = asyncio.get_running_loop()
-        if self.threads is not None:
-            import torch
-
-            # NOTE: process-wide. One request's sentence gains nothing from intra-op threads,
-            # and on a small shared machine torch's spinning worker threads turned a 13 ms
-            # encode into 440 ms p50 (2 threads, 2 cores, other work running).
-            torch.set_num_threads(self.threads)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
-        if self._model is None:
-            self._model = await loop.run_in_executor(self._executor, load_sentence_model, self.model_path)
-        # Warm-up: the first encode pays for lazy torch initialisation.
-        await loop.run_in_executor(self._executor, encode, self._model, ["warm up"])
+        if self._encoder is None:
+            self._encoder = await loop.run_in_executor(
+                self._executor, load_encoder, self.backend, self.model_path, self.cache_dir, self.threads
+            )
+        elif self._encoder.backend == "torch":
+            _set_torch_threads(self.threads)
+        # Warm-up: the first encode pays for lazy initialisation (torch, onnxruntime arenas).
+        await loop.run_in_executor(self._executor, self._encoder.encode, ["warm up"])
         self._queue = asyncio.Queue()
         self._worker = asyncio.create_task(self._run(), name="embedder-batcher")
 
@@ -178,18 +253,16 @@ class Embedder:
         return added
 
     async def _run(self) -> None:
-        assert self._queue is not None and self._model is not None
+        assert self._queue is not None and self._encoder is not None
         loop = asyncio.get_running_loop()
-        queue, model = self._queue, self._model
+        queue, encoder = self._queue, self._encoder
         while True:
             batch = await self._collect(queue)
             live = [item for item in batch if not item.future.done()]
             if not live:
                 continue
             try:
-                vectors = await loop.run_in_executor(
-                    self._executor, encode, model, [item.text for item in live], self.max_batch
-                )
+                vectors = await loop.run_in_executor(self._executor, encoder.encode, [item.text for item in live])
             except asyncio.CancelledError:
                 for item in live:
                     if not item.future.done():

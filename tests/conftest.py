@@ -30,12 +30,22 @@ def sentence_model() -> Any:
     return load_sentence_model()
 
 
+@pytest.fixture(scope="session")
+def sentence_encoder() -> Any:
+    """The gateway's default embedding backend (ONNX, exported once into the user cache)."""
+    from policies.embedder import load_encoder
+
+    encoder = load_encoder("onnx")
+    assert encoder.backend == "onnx", "the ONNX embedding backend did not load; see the log"
+    return encoder
+
+
 @pytest.fixture
-async def embedder(sentence_model: Any) -> AsyncIterator[Any]:
-    """A started micro-batching Embedder over the session's model."""
+async def embedder(sentence_encoder: Any) -> AsyncIterator[Any]:
+    """A started micro-batching Embedder over the session's default backend."""
     from policies.embedder import Embedder
 
-    emb = Embedder(model=sentence_model)
+    emb = Embedder(model=sentence_encoder)
     await emb.start()
     try:
         yield emb

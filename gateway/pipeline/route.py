@@ -154,11 +154,11 @@ class RouteStage:
         return np.asarray(vector)
 
     def _encode(self, text: str) -> np.ndarray:
-        from policies.embedder import encode, load_sentence_model
+        from policies.embedder import load_encoder
 
         if self._fallback_model is None:
-            self._fallback_model = load_sentence_model()
-        return encode(self._fallback_model, [text])[0]
+            self._fallback_model = load_encoder()
+        return self._fallback_model.encode([text])[0]
 
     def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
         ctx.route = decision

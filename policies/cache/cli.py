@@ -56,17 +56,17 @@ def _stats(args: argparse.Namespace) -> int:
 
 def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64) -> int:
     """Read {"a", "b"} JSON lines, write {"hit", "similarity", "reason"} lines; returns the error count."""
-    from policies.embedder import encode, load_sentence_model
+    from policies.embedder import load_encoder
 
-    model = load_sentence_model()
+    encoder = load_encoder()  # the backend the gateway runs by default
     errors = 0
     pending: list[tuple[str, str]] = []
 
     def flush() -> None:
         if not pending:
             return
-        va = encode(model, [a for a, _ in pending])
-        vb = encode(model, [b for _, b in pending])
+        va = encoder.encode([a for a, _ in pending])
+        vb = encoder.encode([b for _, b in pending])
         for (a, b), x, y in zip(pending, va, vb):
             d = decide(float(x @ y), a, b, threshold=config.threshold, checks=config.verify)
             out.write(json.dumps({"hit": d.hit, "similarity": round(d.similarity, 4), "reason": d.reason}) + "\n")

@@ -131,16 +131,16 @@ def score_stream(lines: Iterable[str], out: TextIO, router: Any, embed: Any, bat
 
 
 def _score(args: argparse.Namespace) -> int:
-    from policies.embedder import encode, load_sentence_model
+    from policies.embedder import load_encoder
     from policies.router.model import Router
 
     try:
         router = Router.load(args.artifact)
     except RouterArtifactError as exc:
         return _fail(str(exc))
-    model = load_sentence_model()
+    encoder = load_encoder()  # the backend the gateway runs by default
     try:
-        score_stream(sys.stdin, sys.stdout, router, lambda texts: encode(model, texts))
+        score_stream(sys.stdin, sys.stdout, router, encoder.encode)
     except ValueError as exc:
         return _fail(str(exc))
     return 0

@@ -94,3 +94,9 @@ def test_streamed_miss_is_assembled_and_stored(gw):
         time.sleep(0.1)
     assert r.headers["x-tierlane-cache"] == "hit"
     assert r.json()["choices"][0]["message"]["content"].strip() == "Boil the water for ten minutes"
+
+
+def test_readiness_names_the_embedding_backend(gw):
+    ready = httpx.get(gw.url + "/readyz", timeout=10)
+    assert ready.status_code == 200
+    assert ready.json()["checks"]["embedder"] == "onnx"

@@ -1,0 +1,81 @@
+"""The ONNX embedding backend: the same vectors as sentence-transformers, cached, self-repairing."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policies.embedder import DIMENSION, Embedder, bundled_model_path, encode, load_encoder
+from policies.onnx_encoder import onnx_path_for
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "hi",
+    "How do I convert Celsius to Fahrenheit?",
+    "How do I convert Fahrenheit to Celsius?",
+    "Zürich's café serves crème brûlée — 5€ 🍮",
+    "def f(x):\n    return x ** 2  # square",
+    # Longer than the model's 256 word pieces: both backends must truncate the same way.
+    " ".join(f"token{i}" for i in range(600)),
+]
+
+
+def test_matches_sentence_transformers_alone_and_in_mixed_batches(sentence_encoder, sentence_model) -> None:
+    want = encode(sentence_model, TEXTS)
+    batched = sentence_encoder.encode(TEXTS)
+    alone = np.stack([sentence_encoder.encode([t])[0] for t in TEXTS])
+    for got in (batched, alone):
+        assert got.shape == (len(TEXTS), DIMENSION) and got.dtype == np.float32
+        cosines = (got * want).sum(1)
+        assert cosines.min() > 0.99999, cosines
+    assert np.allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    assert sentence_encoder.encode([]).shape == (0, DIMENSION)
+
+
+def test_cached_graph_is_reused_and_a_damaged_one_is_exported_again(sentence_encoder, tmp_path: Path, caplog) -> None:
+    cached = onnx_path_for(bundled_model_path(), tmp_path)
+    shutil.copyfile(sentence_encoder.path, cached)
+    before = cached.stat().st_mtime_ns
+    reused = load_encoder("onnx", cache_dir=tmp_path)
+    assert reused.backend == "onnx" and reused.path == cached and cached.stat().st_mtime_ns == before
+
+    cached.write_bytes(b"not an onnx graph")
+    with caplog.at_level(logging.WARNING):
+        repaired = load_encoder("onnx", cache_dir=tmp_path)
+    assert "exporting it again" in caplog.text
+    assert repaired.backend == "onnx"
+    assert cached.stat().st_size > 1_000_000
+    assert not list(tmp_path.glob("*.tmp")), "the export left a temporary file behind"
+    vector = repaired.encode(["How do I convert Celsius to Fahrenheit?"])[0]
+    assert float(vector @ sentence_encoder.encode(["How do I convert Celsius to Fahrenheit?"])[0]) > 0.99999
+
+
+def test_unusable_cache_dir_falls_back_to_torch(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING):
+        encoder = load_encoder("onnx", cache_dir=blocker / "models")
+    assert encoder.backend == "torch"
+    assert "using torch" in caplog.text
+    assert encoder.encode(["hello"]).shape == (1, DIMENSION)
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        load_encoder("tensorflow")
+
+
+async def test_embedder_serves_with_the_onnx_backend_by_default(sentence_encoder) -> None:
+    emb = Embedder(cache_dir=Path(sentence_encoder.path).parent)
+    await emb.start()
+    try:
+        assert emb.backend_name == "onnx"
+        vector = await emb.embed("How do I convert Celsius to Fahrenheit?")
+        assert float(vector @ sentence_encoder.encode(["How do I convert Celsius to Fahrenheit?"])[0]) > 0.99999
+    finally:
+        await emb.close()
