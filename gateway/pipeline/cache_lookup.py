@@ -63,7 +63,7 @@ class CacheLookupStage:
         # Exact match first: a repeat is answered without computing an embedding at all.
         hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens)
         if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
-            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens)
+            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False)
         if hit is None:
             ctx.cache_status = "miss"
             return None

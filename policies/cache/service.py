@@ -80,10 +80,16 @@ class SemanticCache:
         return config
 
     async def lookup(
-        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, *, max_output_tokens: int | None = None
+        self,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        config: CacheConfig,
+        *,
+        max_output_tokens: int | None = None,
+        exact: bool = True,
     ) -> CacheHit | None:
-        """The best verified stored answer for `key`, or None."""
-        return await self._call(self._lookup, key, vector, config, max_output_tokens)
+        """The best verified stored answer for `key`, or None; `exact=False` skips the exact-key probe."""
+        return await self._call(self._lookup, key, vector, config, max_output_tokens, exact)
 
     async def store(
         self,
@@ -134,11 +140,11 @@ class SemanticCache:
             self._store = None
 
     def _lookup(
-        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool
     ) -> CacheHit | None:
         assert self._store is not None and self._index is not None
         now = time.time()
-        if config.exact:
+        if exact and config.exact:
             entry = self._store.get_exact(key.exact, now)
             if entry is not None and entry.scope == key.scope and self._fits(entry, max_output_tokens):
                 return self._hit(entry, 1.0, exact=True, now=now)
