@@ -9,8 +9,9 @@ Three worker processes hold one model each, so their peak memory is measured apa
 * naive:      an aiohttp server, one asyncio.Lock around create_chat_completion(stream=True) run
               in a thread executor; this process sends it streaming requests over loopback
 
-Measured: aggregate decode tokens/s at 1, 4, 8, 16 concurrent requests; TTFT at 8 concurrent
-streams (engine vs naive); TTFT of short requests while a 1,500-token prompt is prefilled vs
+Measured, for two workloads (everyday: one-line questions, decode-dominated like the calibration
+figures; essay: 40-400-token prompts, prefill-heavy): aggregate completion tokens/s at 1, 4, 8,
+16 concurrent requests and TTFT at 8 concurrent streams (engine vs naive); TTFT of short requests while a 1,500-token prompt is prefilled vs
 alone (engine); peak resident memory per process and KV cells per active sequence. Each
 concurrency level runs the three systems back to back (order rotated per level) so drift on a
 shared machine hits all of them; the load average and the CPU share taken by other processes
@@ -32,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import free_port, pct, write  # noqa: E402
+from edge_engine.settings import EdgeSettings as EdgeSettingsDefaults  # noqa: E402
 
 N_THREADS = 2
 N_CTX = 2048
@@ -84,6 +86,22 @@ def chat(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{head}{body}Write a detailed, multi-paragraph essay about {topic}."}]
 
 
+def everyday_chat(i: int) -> list[dict[str, str]]:
+    """Request i: a one-line everyday question (~15-25 tokens after the shared system prompt)."""
+    topic = TOPICS[(i * 3) % len(TOPICS)]
+    return [{"role": "user", "content": f"Request {i}. Explain {topic} in a short paragraph."}]
+
+
+WORKLOADS = {
+    # What the router sends to the edge lane, and the shape of the issue's calibration
+    # (sequential ~78 tok/s, decode-dominated): short questions, 64 completion tokens.
+    "everyday": everyday_chat,
+    # Prefill-heavy: prompt tokens outnumber completion tokens, so prompt ingestion (~230
+    # tokens/s on 2 threads with this Q4_1 model) sets the pace for every system.
+    "essay": chat,
+}
+
+
 def short_chat(i: int) -> list[dict[str, str]]:
     topic = TOPICS[(i * 11) % len(TOPICS)]
     return [{"role": "user", "content": f"Question {i}: in one sentence, what is {topic}?"}]
@@ -118,10 +136,10 @@ def emit(obj: dict[str, Any]) -> None:
 # ---- worker: the edge engine, in-process submissions --------------------------------------
 
 
-async def engine_worker() -> None:
+async def engine_worker(args: argparse.Namespace) -> None:
     from edge_engine import EdgeEngine, EdgeSettings, SamplingParams
 
-    settings = EdgeSettings(n_ctx=N_CTX, n_threads=N_THREADS)
+    settings = EdgeSettings(n_ctx=N_CTX, n_threads=N_THREADS, prefill_step_ms=args.prefill_step_ms, decode_gap_ms=args.decode_gap_ms)
     engine = EdgeEngine(settings)
     await engine.start()
     loop = asyncio.get_running_loop()
@@ -198,7 +216,8 @@ async def engine_worker() -> None:
     emit({"ready": True, "pid": os.getpid(), "settings": {"n_ctx": settings.n_ctx, "n_threads": settings.n_threads, "slots": settings.slots,
           "prefix_slots": settings.prefix_slots, "prefill_chunk": settings.prefill_chunk, "n_batch": settings.n_batch,
           "batch_invariant": settings.batch_invariant, "prefix_reuse": settings.prefix_reuse, "mix_prefill": settings.mix_prefill,
-          "extra_buffers": settings.extra_buffers}})
+          "extra_buffers": settings.extra_buffers, "prefill_step_ms": settings.prefill_step_ms,
+          "decode_gap_ms": settings.decode_gap_ms, "prompt_tokens_per_step": engine.stats()["prompt_tokens_per_step"]}})
     while line := await reader.readline():
         cmd = json.loads(line)
         if cmd["op"] == "batch":
@@ -301,9 +320,9 @@ class Worker:
         self.info: dict[str, Any] = {}
 
     @classmethod
-    async def spawn(cls, role: str, log: Path) -> Worker:
+    async def spawn(cls, role: str, log: Path, extra: list[str] | None = None) -> Worker:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--worker", role, stdin=asyncio.subprocess.PIPE,
+            sys.executable, __file__, "--worker", role, *(extra or []), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=open(log, "wb"), limit=1 << 24,
         )
         self = cls(proc)
@@ -444,7 +463,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     naive = await asyncio.create_subprocess_exec(sys.executable, __file__, "--naive-server", "--port", str(port),
                                                  stdout=open(tmp / "naive.log", "wb"), stderr=asyncio.subprocess.STDOUT)
-    engine = await Worker.spawn("engine", tmp / "engine.log")
+    knobs = ["--prefill-step-ms", str(args.prefill_step_ms), "--decode-gap-ms", str(args.decode_gap_ms)]
+    engine = await Worker.spawn("engine", tmp / "engine.log", knobs)
     seq = await Worker.spawn("sequential", tmp / "sequential.log")
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     status_url = f"http://127.0.0.1:{port}/status"
@@ -460,8 +480,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     watch = CpuWatch([os.getpid(), engine.proc.pid, seq.proc.pid, naive.pid])
     levels = [c for c in args.levels]
     reqs = {c: c * max(1, round(REQUESTS.get(c, 2 * c) * args.scale / c)) for c in levels}
-    total = 3 * (1 + sum(reqs.values())) + args.alone + args.long_rounds * 12
-    results: dict[str, Any] = {"levels": {}}
+    total = 3 * (1 + len(args.workloads) * sum(reqs.values())) + args.alone + args.long_rounds * 12
+    results: dict[str, Any] = {"workloads": {}}
     try:
         with tqdm(total=total, desc="edge bench", unit="req") as bar:
             warm = [chat(999)]
@@ -471,45 +491,48 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
             systems = ["engine", "sequential", "naive"]
             offset = 0
             turn = 0
-            for c in levels:
-                if time.perf_counter() - t_start > args.budget_s:
-                    results.setdefault("skipped_levels", []).append(c)  # out of time: the machine is too slow now
-                    bar.update(3 * reqs[c])
-                    continue
-                # NOTE: a level runs in rounds of c requests; each round gives every system the same
-                # prompts, in a rotated order, so a burst of foreign load hits all three alike.
-                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-                for _ in range(max(1, reqs[c] // c)):
-                    prompts = [chat(offset + i) for i in range(c)]
-                    offset += c
-                    for name in systems[turn % 3:] + systems[: turn % 3]:
-                        bar.set_description(f"c={c} {name}")
-                        watch.start()
-                        cmd = {"op": "batch", "prompts": prompts, "concurrency": c, "max_tokens": args.max_tokens}
+            for workload in args.workloads:
+                make = WORKLOADS[workload]
+                by_level: dict[str, Any] = results["workloads"].setdefault(workload, {})
+                for c in levels:
+                    if time.perf_counter() - t_start > args.budget_s:
+                        results.setdefault("skipped_levels", []).append(f"{workload}@{c}")  # out of time: machine too slow now
+                        bar.update(3 * reqs[c])
+                        continue
+                    # NOTE: a level runs in rounds of c requests; each round gives every system the same
+                    # prompts, in a rotated order, so a burst of foreign load hits all three alike.
+                    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+                    for _ in range(max(1, reqs[c] // c)):
+                        prompts = [make(offset + i) for i in range(c)]
+                        offset += c
+                        for name in systems[turn % 3:] + systems[: turn % 3]:
+                            bar.set_description(f"{workload} c={c} {name}")
+                            watch.start()
+                            cmd = {"op": "batch", "prompts": prompts, "concurrency": c, "max_tokens": args.max_tokens}
+                            if name == "engine":
+                                run = await engine.call(cmd, bar)
+                            elif name == "sequential":
+                                run = await seq.call(cmd, bar)
+                            else:
+                                run = await naive_batch(url, prompts, c, args.max_tokens, bar)
+                            run["cpu"] = watch.stop()
+                            runs[name].append(run)
+                        turn += 1
+                    level: dict[str, Any] = {}
+                    for name, parts in runs.items():
+                        merged = {"wall_s": sum(r["wall_s"] for r in parts), "requests": [q for r in parts for q in r["requests"]]}
+                        level[name] = {**throughput(merged), "rounds_tokens_per_s": [throughput(r)["tokens_per_s"] for r in parts],
+                                       "foreign_cpu_share": round(sum(r["cpu"]["foreign_cpu_share"] * r["wall_s"] for r in parts) / merged["wall_s"], 3),
+                                       "own_cpu_share": round(sum(r["cpu"]["own_cpu_share"] * r["wall_s"] for r in parts) / merged["wall_s"], 3),
+                                       "loadavg_1m_max": max(r["cpu"]["loadavg_1m"] for r in parts),
+                                       "_ttft": [q.get("ttft_s") for q in merged["requests"]]}
                         if name == "engine":
-                            run = await engine.call(cmd, bar)
-                        elif name == "sequential":
-                            run = await seq.call(cmd, bar)
-                        else:
-                            run = await naive_batch(url, prompts, c, args.max_tokens, bar)
-                        run["cpu"] = watch.stop()
-                        runs[name].append(run)
-                    turn += 1
-                level: dict[str, Any] = {}
-                for name, parts in runs.items():
-                    merged = {"wall_s": sum(r["wall_s"] for r in parts), "requests": [q for r in parts for q in r["requests"]]}
-                    level[name] = {**throughput(merged), "rounds_tokens_per_s": [throughput(r)["tokens_per_s"] for r in parts],
-                                   "foreign_cpu_share": round(sum(r["cpu"]["foreign_cpu_share"] * r["wall_s"] for r in parts) / merged["wall_s"], 3),
-                                   "own_cpu_share": round(sum(r["cpu"]["own_cpu_share"] * r["wall_s"] for r in parts) / merged["wall_s"], 3),
-                                   "loadavg_1m_max": max(r["cpu"]["loadavg_1m"] for r in parts),
-                                   "_ttft": [q.get("ttft_s") for q in merged["requests"]]}
-                    if name == "engine":
-                        level[name]["_kv_samples"] = [k for r in parts for k in r["kv_samples"]]  # summarised in report()
-                level["engine_vs_sequential"] = round(level["engine"]["tokens_per_s"] / level["sequential"]["tokens_per_s"], 2)
-                level["engine_vs_naive"] = round(level["engine"]["tokens_per_s"] / level["naive"]["tokens_per_s"], 2)
-                results["levels"][f"concurrency_{c}"] = level
-                tqdm.write(f"c={c}: engine {level['engine']['tokens_per_s']} tok/s, sequential {level['sequential']['tokens_per_s']}, "
-                           f"naive {level['naive']['tokens_per_s']} (load {os.getloadavg()[0]:.2f})")
+                            level[name]["_kv_samples"] = [k for r in parts for k in r["kv_samples"]]  # summarised in report()
+                    level["engine_vs_sequential"] = round(level["engine"]["tokens_per_s"] / level["sequential"]["tokens_per_s"], 2)
+                    level["engine_vs_naive"] = round(level["engine"]["tokens_per_s"] / level["naive"]["tokens_per_s"], 2)
+                    by_level[f"concurrency_{c}"] = level
+                    tqdm.write(f"{workload} c={c}: engine {level['engine']['tokens_per_s']} tok/s, sequential "
+                               f"{level['sequential']['tokens_per_s']}, naive {level['naive']['tokens_per_s']} (load {os.getloadavg()[0]:.2f})")
             bar.set_description("long-prompt interference")
             watch.start()
             inter = await engine.call({"op": "interference", "alone": list(range(args.alone)),
@@ -542,17 +565,28 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     settings = raw["engine_settings"]
     engine_stats = raw["memory"]["engine"]["stats"]
     n_seq_max = settings["slots"] + settings["prefix_slots"]
-    levels = {}
-    ttft8: dict[str, Any] = {}
-    for key, level in raw["levels"].items():
-        samples = level["engine"].pop("_kv_samples")
-        level["engine"]["kv"] = kv_summary(samples, engine_stats["kv_cells_total"], n_seq_max)
-        ttfts = {name: level[name].pop("_ttft") for name in ("engine", "sequential", "naive")}
-        if key == "concurrency_8":
-            for name in ("engine", "naive"):
-                vals = [t for t in ttfts[name] if t is not None]
-                ttft8[name] = {"p50_ms": round(pct(vals, 0.5) * 1000, 1), "p99_ms": round(pct(vals, 0.99) * 1000, 1), "n": len(vals)}
-        levels[key] = level
+    workloads: dict[str, Any] = {}
+    for workload, by_level in raw["workloads"].items():
+        levels: dict[str, Any] = {}
+        ttft8: dict[str, Any] = {}
+        for key, level in by_level.items():
+            samples = level["engine"].pop("_kv_samples")
+            level["engine"]["kv"] = kv_summary(samples, engine_stats["kv_cells_total"], n_seq_max)
+            ttfts = {name: level[name].pop("_ttft") for name in ("engine", "sequential", "naive")}
+            if key == "concurrency_8":
+                for name in ("engine", "naive"):
+                    vals = [t for t in ttfts[name] if t is not None]
+                    ttft8[name] = {"p50_ms": round(pct(vals, 0.5) * 1000, 1), "p99_ms": round(pct(vals, 0.99) * 1000, 1), "n": len(vals)}
+            levels[key] = level
+        ratios: dict[str, Any] = {}
+        l8 = levels.get("concurrency_8")
+        if l8:
+            ratios["throughput_engine_vs_sequential_at_8"] = {"value": l8["engine_vs_sequential"], "target": ">= 1.4",
+                                                              "met": l8["engine_vs_sequential"] >= 1.4}
+            r = round(ttft8["naive"]["p99_ms"] / ttft8["engine"]["p99_ms"], 1)
+            ratios["ttft_p99_naive_over_engine_at_8"] = {"value": r, "target": ">= 10", "met": r >= 10}
+        workloads[workload] = {"prompts": WORKLOADS[workload].__doc__.strip() if WORKLOADS[workload].__doc__ else workload,
+                               "ratios": ratios, "throughput": levels, "ttft_at_8_streams": ttft8}
     inter = raw["interference"]
     alone = [s["ttft_s"] for s in inter["alone"]]
     during = [s["ttft_s"] for s in inter["during"] if s["during_prefill"]]
@@ -566,23 +600,18 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "method": "shorts (max_tokens 4) sent one at a time, 100 ms apart; 'during' keeps those submitted "
                   "before the long prompt's first token; each long prompt differs after the chat template's system prompt",
     }
-    l8 = levels.get("concurrency_8")
     ratios: dict[str, Any] = {}
-    if l8:
-        ratios["throughput_engine_vs_sequential_at_8"] = {"value": l8["engine_vs_sequential"], "target": ">= 1.4",
-                                                          "met": l8["engine_vs_sequential"] >= 1.4}
-        r = round(ttft8["naive"]["p99_ms"] / ttft8["engine"]["p99_ms"], 1)
-        ratios["ttft_p99_naive_over_engine_at_8"] = {"value": r, "target": ">= 10", "met": r >= 10}
     if during and alone:
         r = round(interference["during_long_prefill"]["p99_ms"] / interference["alone"]["p99_ms"], 2)
         ratios["short_ttft_p99_during_long_prefill_over_alone"] = {"value": r, "target": "<= 2", "met": r <= 2}
-    foreign = [lv[n]["foreign_cpu_share"] for lv in levels.values() for n in ("engine", "sequential", "naive")]
+    foreign = [lv[n]["foreign_cpu_share"] for w in workloads.values() for lv in w["throughput"].values()
+               for n in ("engine", "sequential", "naive")]
     noisy = max(raw["loadavg_start"][0], raw["loadavg_end"][0]) > 2.5 or max(foreign, default=0) > 0.15
     return {
         "what": "edge engine (continuous batching) vs sequential llama_cpp.Llama vs a naive locked aiohttp server; same model, 2 threads",
         "model": "SmolLM2-135M-Instruct Q4_1 (bundled)",
         "setup": {"n_threads": N_THREADS, "n_ctx_per_sequence": N_CTX, "max_tokens": args.max_tokens, "sampling": "greedy (temperature 0)",
-                  "prompts": "distinct essay prompts, ~40-400 tokens each (chat template included), none repeated across levels",
+                  "prompts": "per workload (see workloads.*.prompts); none repeated across levels",
                   "engine": settings, "engine_requests": "in-process EdgeEngine.submit (no HTTP)",
                   "naive": "aiohttp, one asyncio.Lock around Llama.create_chat_completion(stream=True) in the default executor; "
                            "streamed over loopback to this process",
@@ -593,13 +622,12 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                                   "c concurrent requests, each round giving the three systems the same prompts in rotated order"},
         "targets": {"throughput_at_8": ">= 1.4x sequential", "ttft_p99_at_8": ">= 10x better than naive",
                     "short_ttft_during_long_prefill": "p99 <= 2x alone"},
-        "ratios": ratios,
+        "ratios": {**{f"{w}.{k}": v for w, body in workloads.items() for k, v in body["ratios"].items()}, **ratios},
         "noisy": noisy,
         "load": {"loadavg_start": raw["loadavg_start"], "loadavg_end": raw["loadavg_end"],
                  "note": "shared 2-core machine; foreign_cpu_share is the CPU time other processes took during each run "
                          "(0.5 = one core's worth); above ~0.15 treat the figures as noisy"},
-        "throughput": levels,
-        "ttft_at_8_streams": ttft8,
+        "workloads": workloads,
         "long_prompt_interference": interference,
         "memory": {
             name: {"peak_rss_mb": round(m["VmHWM"] / 1024, 1), "rss_end_mb": round(m["VmRSS"] / 1024, 1)}
@@ -615,19 +643,23 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    defaults = EdgeSettingsDefaults()
+    parser.add_argument("--prefill-step-ms", type=float, default=defaults.prefill_step_ms, help="engine setting under test")
+    parser.add_argument("--decode-gap-ms", type=float, default=defaults.decode_gap_ms, help="engine setting under test")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the requests per level")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--alone", type=int, default=12, help="short requests measured with nothing else running")
     parser.add_argument("--long-rounds", type=int, default=3)
     parser.add_argument("--long-tokens", type=int, default=1500)
-    parser.add_argument("--budget-s", type=float, default=330, help="levels not started by then are skipped")
+    parser.add_argument("--budget-s", type=float, default=720, help="levels not started by then are skipped")
     parser.add_argument("--out", default="edge_engine", help="result name under bench/results")
     parser.add_argument("--worker", choices=["engine", "sequential"], help=argparse.SUPPRESS)
     parser.add_argument("--naive-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "engine":
-        asyncio.run(engine_worker())
+        asyncio.run(engine_worker(args))
         return
     if args.worker == "sequential":
         sequential_worker()
@@ -640,13 +672,14 @@ def main() -> None:
     path = write(args.out, data)
     print(f"\nload average start {data['load']['loadavg_start']}, end {data['load']['loadavg_end']}"
           f"{' (NOISY: shared machine busy)' if data['noisy'] else ''}")
-    for key, lv in data["throughput"].items():
-        print(f"{key}: tok/s engine {lv['engine']['tokens_per_s']}, sequential {lv['sequential']['tokens_per_s']}, "
-              f"naive {lv['naive']['tokens_per_s']}  (engine/seq {lv['engine_vs_sequential']}x, foreign CPU "
-              f"{max(lv[n]['foreign_cpu_share'] for n in ('engine', 'sequential', 'naive')):.2f})")
-    t8 = data["ttft_at_8_streams"]
-    if t8:
-        print(f"TTFT at 8 streams p99: engine {t8['engine']['p99_ms']} ms, naive {t8['naive']['p99_ms']} ms")
+    for workload, body in data["workloads"].items():
+        for key, lv in body["throughput"].items():
+            print(f"{workload} {key}: tok/s engine {lv['engine']['tokens_per_s']}, sequential {lv['sequential']['tokens_per_s']}, "
+                  f"naive {lv['naive']['tokens_per_s']}  (engine/seq {lv['engine_vs_sequential']}x, foreign CPU "
+                  f"{max(lv[n]['foreign_cpu_share'] for n in ('engine', 'sequential', 'naive')):.2f})")
+        t8 = body["ttft_at_8_streams"]
+        if t8:
+            print(f"{workload} TTFT at 8 streams p99: engine {t8['engine']['p99_ms']} ms, naive {t8['naive']['p99_ms']} ms")
     li = data["long_prompt_interference"]
     print(f"short TTFT p99 alone {li['alone']['p99_ms']} ms, during 1,500-token prefill {li['during_long_prefill']['p99_ms']} ms "
           f"(n={li['during_long_prefill']['n']})")

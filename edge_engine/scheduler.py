@@ -48,7 +48,9 @@ class Scheduler:
         self._prefixes: list[PrefixEntry] = []
         self._prefix_ids = list(range(settings.slots, settings.n_seq_max))
         self._reserved = 0  # KV cells promised to active sequences and prefix entries
-        self._prefill_turn = False
+        self._last_step_decoded = True
+        self._last_decode_at = 0.0
+        self.chunk = settings.prefill_chunk  # prompt tokens per step; calibrated at start
         self._service_s = 2.0  # running mean of request durations, for Retry-After
 
     # ---- called from the event loop -------------------------------------------------
@@ -95,6 +97,7 @@ class Scheduler:
             "kv_cells_total": self.ctx.n_ctx_total if self.ctx else self.settings.n_ctx,
             "slots": self.settings.slots,
             "prefix_entries": len(self._prefixes),
+            "prompt_tokens_per_step": self.chunk,
         }
 
     def _retry_after(self, waiting: int) -> float:
@@ -115,6 +118,7 @@ class Scheduler:
                 flash_attn=s.flash_attn and not s.batch_invariant,
                 per_sequence_streams=s.batch_invariant,
             )
+            self.chunk = self._calibrate_chunk()
         except BaseException as exc:  # handed to start(), which raises it on the loop
             on_ready(exc)
             return
@@ -227,6 +231,36 @@ class Scheduler:
         self._prefix_ids.append(entry.seq_id)
         self._reserved -= len(entry.tokens)
 
+    def _calibrate_chunk(self) -> int:
+        """Prompt tokens per step: about prefill_step_ms of work here, at most prefill_chunk.
+
+        Timed once on a scratch prompt and then fixed, so that where a prompt is cut never
+        depends on load (greedy output stays the same under traffic).
+        """
+        s = self.settings
+        if s.prefill_step_ms is None:
+            return s.prefill_chunk
+        assert self.ctx is not None and self.model is not None
+        probe = (self.model.tokenize("The quick brown fox jumps over the lazy dog. " * 8, add_special=False) * 4)[:32]
+        scratch = self._free_ids[0]
+        per_token = []
+        for _ in range(3):  # the first pass pays for graph allocation; keep the best of the rest
+            start = time.perf_counter()
+            rc = self.ctx.decode([BatchEntry(t, i, scratch, i == len(probe) - 1) for i, t in enumerate(probe)])
+            per_token.append((time.perf_counter() - start) * 1000.0 / len(probe))
+            self.ctx.seq_rm(scratch)
+            if rc != 0:
+                return min(s.prefill_chunk, 16)
+        chunk = max(1, min(s.prefill_chunk, int(s.prefill_step_ms / min(per_token[1:]))))
+        log.info("edge prompt steps: %d tokens (%.2f ms per prompt token)", chunk, min(per_token[1:]))
+        return chunk
+
+    def _decode_turn(self, now: float) -> bool:
+        """Whether this step decodes the running sequences rather than ingesting prompts."""
+        if self._last_step_decoded:
+            return False  # a prompt step always follows a decode step
+        return (now - self._last_decode_at) * 1000.0 >= self.settings.decode_gap_ms
+
     def _step(self) -> None:
         assert self.ctx is not None and self.model is not None
         parts: list[tuple[Sequence, list[BatchEntry]]] = []
@@ -235,15 +269,15 @@ class Scheduler:
             assert seq.last_token is not None
             parts.append((seq, [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]))
         n_decode = len(parts)
-        budget = self.settings.prefill_chunk
-        if parts and not self.settings.mix_prefill:
-            # NOTE: prompt chunks get their own steps, alternating with decode steps, so a
-            # long prompt slows running decodes by at most half.
-            self._prefill_turn = not self._prefill_turn
-            if self._prefill_turn and any(s.prefilling for s in self._active):
-                parts, n_decode = [], 0
-            else:
+        chunk = budget = self.chunk
+        started = time.perf_counter()
+        if parts and not self.settings.mix_prefill and any(s.prefilling for s in self._active):
+            # NOTE: prompt chunks get their own steps. Prompts go first (new requests reach
+            # their first token sooner); running sequences still decode every decode_gap_ms.
+            if self._decode_turn(started):
                 budget = 0
+            else:
+                parts, n_decode = [], 0
         # NOTE: shortest prompt first, and a long prompt never shares a step with short
         # ones: a short request then waits one small step, not a full prefill chunk.
         prefilling = sorted(
@@ -251,31 +285,38 @@ class Scheduler:
             key=lambda s: (int(s.priority), len(s.prompt) - s.n_past, s.order),
         )
         for seq in prefilling:
-            remaining = len(seq.prompt) - seq.n_past
-            if budget <= 0 or (remaining > budget and budget < self.settings.prefill_chunk):
+            # NOTE: a prompt is cut every `chunk` tokens from where its ingestion started,
+            # whatever shares the step: llama.cpp's results depend (rarely) on where a prompt
+            # is cut, and greedy text must not depend on other traffic.
+            done = seq.n_past - seq.cached
+            take = min(len(seq.prompt) - seq.n_past, chunk - done % chunk)
+            if budget < take:
                 break
-            take = min(remaining, budget)
-            chunk = [
+            entries_ = [
                 BatchEntry(seq.prompt[i], i, seq.seq_id, i == len(seq.prompt) - 1)
                 for i in range(seq.n_past, seq.n_past + take)
             ]
-            parts.append((seq, chunk))
+            parts.append((seq, entries_))
             budget -= take
         # NOTE: llama.cpp packs a step into one pass only over ascending, consecutive sequence
         # ids (one KV stream each); any other order costs an extra pass over the weights.
         parts.sort(key=lambda part: part[0].seq_id)
         entries: list[BatchEntry] = []
         rows: list[tuple[Sequence, int]] = []
-        for seq, chunk in parts:
-            entries.extend(chunk)
-            if chunk[-1].logits:
+        for seq, part in parts:
+            entries.extend(part)
+            if part[-1].logits:
                 rows.append((seq, len(entries) - 1))
         rc = self.ctx.decode(entries)
         if rc != 0:
             self._fail_step(rc)
             return
+        n_prompt = len(entries) - n_decode
+        if n_decode:
+            self._last_decode_at = started
+        self._last_step_decoded = n_decode > 0
         self._advance(entries)
-        self.stats.record_step(len(entries) - n_decode, n_decode)
+        self.stats.record_step(n_prompt, n_decode)
         now = time.perf_counter()
         for seq, index in rows:
             token = self.ctx.sample(seq.sampler, index)

@@ -45,11 +45,24 @@ class EdgeSettings:
     n_threads: int = field(default_factory=_default_threads)
     n_batch: int = 512  # most tokens one llama_decode call may carry
     slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
-    # Prompt tokens ingested per step. A request that arrives during a long prefill waits for
-    # the chunk in flight (bench/edge_prefill_chunk.py, 1,500-token prompt, 2 threads): short
-    # TTFT p99 was ~8x its TTFT alone at 64, ~3.6-4x at 32 and ~3.3-3.5x at 16, while the long
-    # prompt's own TTFT grew 6-12 % at 32 and 24-38 % at 16.
-    prefill_chunk: int = 32
+    # Prompt ingestion. A request that arrives while a prompt chunk is being decoded waits for
+    # that step, so a step's duration, not its token count, is what bounds interference: each
+    # prompt step is sized, once at start from a timed probe, to take about `prefill_step_ms`,
+    # at most `prefill_chunk` tokens (fixed afterwards: where a prompt is cut never depends on
+    # load). bench/edge_engine.py on 2 CPU threads (SmolLM2 Q4_1, ~5 ms per prompt token):
+    #   step ms  tokens  essay tok/s vs seq  essay TTFT p99 vs naive  short TTFT during/alone
+    #     40        9          0.87                 2.0x                   1.57
+    #     80       19          0.94                 2.3x                   1.65
+    #    160       33          1.07                 3.0x                   1.54
+    #    320       71          1.09                 3.3x                   3.54
+    # Chunk boundaries are counted from where a prompt's ingestion starts. None: always
+    # `prefill_chunk` tokens.
+    prefill_chunk: int = 256
+    prefill_step_ms: float | None = 150.0
+    # While prompts are being ingested, running sequences get a decode step at least this often
+    # (prompt steps fill the time between). 0: strict alternation of prompt and decode steps.
+    # Larger values give new requests their first token sooner and stall running streams longer.
+    decode_gap_ms: float = 100.0
     n_gpu_layers: int = 0  # >0 needs a CUDA or Metal build of llama-cpp-python
     max_queue: int = 64  # requests waiting for a slot before new ones get 503
     max_queue_wait_s: float = 30.0  # a request waiting longer than this gets 503
@@ -75,6 +88,10 @@ class EdgeSettings:
         for name in ("n_ctx", "n_threads", "n_batch", "slots", "prefill_chunk", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EdgeSettings.{name} must be >= 1")
+        if self.prefill_step_ms is not None and self.prefill_step_ms <= 0:
+            raise ValueError("EdgeSettings.prefill_step_ms must be > 0 (or None)")
+        if self.decode_gap_ms < 0:
+            raise ValueError("EdgeSettings.decode_gap_ms must be >= 0")
         if self.n_batch < self.slots + self.prefill_chunk:
             # NOTE: one step carries a decode token per slot plus a prefill chunk.
             self.n_batch = self.slots + self.prefill_chunk

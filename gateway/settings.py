@@ -91,7 +91,13 @@ class EdgeSettingsModel(_Strict):
     n_threads: int | None = Field(None, ge=1)
     n_batch: int = Field(512, ge=8)
     slots: int = Field(8, ge=1)
-    prefill_chunk: int = Field(32, ge=8, description="prompt tokens per step; a new request waits at most one chunk")
+    prefill_chunk: int = Field(256, ge=1, description="most prompt tokens in one step")
+    prefill_step_ms: float | None = Field(
+        150.0, gt=0, description="prompt steps are sized to take about this long (a new request waits at most one)"
+    )
+    decode_gap_ms: float = Field(
+        100.0, ge=0, description="while prompts are ingested, running sequences still decode at least this often"
+    )
     n_gpu_layers: int = 0
     max_queue: int = Field(64, ge=1)
     batch_invariant: bool = Field(

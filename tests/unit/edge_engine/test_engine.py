@@ -120,3 +120,36 @@ def test_full_queue_gets_503_with_retry_after(runner) -> None:
 
     err = runner.run(scenario())
     assert err.status == 503 and "Retry-After" in err.headers()
+
+
+def test_prompt_steps_are_calibrated_once_within_the_chunk_cap(runner, reuse_runner) -> None:
+    for r in (runner, reuse_runner):
+        per_step = r.engine.stats()["prompt_tokens_per_step"]
+        assert 1 <= per_step <= r.engine.settings.prefill_chunk
+    # the calibrated size is a constant of the engine: traffic does not move it
+    before = reuse_runner.engine.stats()["prompt_tokens_per_step"]
+    reuse_runner.run(collect(reuse_runner.engine, "Describe the sea in detail. " * 10, max_tokens=2))
+    assert reuse_runner.engine.stats()["prompt_tokens_per_step"] == before
+
+
+def test_a_short_request_gets_its_first_token_before_a_long_prompt_is_ingested(reuse_runner) -> None:
+    engine = reuse_runner.engine
+    long_prompt = "Summarise these notes. " + " ".join(f"Note {i}: the bridge over river {i} was rebuilt." for i in range(25))
+
+    async def scenario():
+        order: list[str] = []
+
+        async def first_token(name: str, prompt: str) -> None:
+            gen = await engine.submit(messages=[{"role": "user", "content": prompt}], params=SamplingParams(temperature=0, max_tokens=2))
+            async for _ in gen:
+                order.append(name)
+                break
+            gen.cancel()
+
+        long = asyncio.create_task(first_token("long", long_prompt))
+        await asyncio.sleep(0.05)  # the long prompt is being ingested
+        await first_token("short", "Say hello.")
+        await long
+        return order
+
+    assert reuse_runner.run(scenario()) == ["short", "long"]
