@@ -49,7 +49,8 @@ class EdgeSettings:
     # that step, so a step's duration, not its token count, is what bounds interference: each
     # prompt step is sized, once at start from a timed probe, to take about `prefill_step_ms`,
     # at most `prefill_chunk` tokens (fixed afterwards: where a prompt is cut never depends on
-    # load). bench/edge_engine.py on 2 CPU threads (SmolLM2 Q4_1, ~5 ms per prompt token):
+    # load). bench/edge_engine.py --workloads essay --levels 8 --alone 8 --long-rounds 2
+    # --prefill-step-ms N, 2 CPU threads (SmolLM2 Q4_1, ~5 ms per prompt token):
     #   step ms  tokens  essay tok/s vs seq  essay TTFT p99 vs naive  short TTFT during/alone
     #     40        9          0.87                 2.0x                   1.57
     #     80       19          0.94                 2.3x                   1.65
