@@ -102,6 +102,25 @@ def render_replay(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_edge_engine(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for workload, body in data["workloads"].items():
+        for level, r in body["throughput"].items():
+            rows.append([workload, level.removeprefix("concurrency_"), r["engine"]["tokens_per_s"], r["sequential"]["tokens_per_s"],
+                         r["naive"]["tokens_per_s"], r["engine_vs_sequential"], r["engine"].get("ttft_p99_ms"),
+                         r["naive"].get("ttft_p99_ms")])
+    lines = _table(["workload", "concurrency", "engine tok/s", "sequential tok/s", "naive tok/s", "engine ÷ sequential",
+                    "engine TTFT p99 ms", "naive TTFT p99 ms"], rows)
+    inter = data["long_prompt_interference"]
+    lines += ["", f"Short-request TTFT while a ~1,500-token prompt is ingested: p99 {_num(inter['during_long_prefill']['p99_ms'])} ms "
+              f"(n={inter['during_long_prefill']['n']}) vs {_num(inter['alone']['p99_ms'])} ms alone. Peak RSS (MiB): "
+              + ", ".join(f"{k} {_num(v['peak_rss_mb'])}" for k, v in data["memory"].items()) + "."]
+    lines += ["", "Against the targets:", ""]
+    lines += _table(["figure", "value", "target", "met"],
+                    [[name, r["value"], r["target"], r["met"]] for name, r in data["ratios"].items()])
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -120,6 +139,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,
     "demo": render_replay,
+    "edge_engine": render_edge_engine,
 }
 
 
