@@ -14,9 +14,11 @@ from policies.cache.index import Neighbour
 
 logger = logging.getLogger(__name__)
 
-# NOTE: process-wide. A per-scope flat index searched with one query gains nothing from an
-# OpenMP team, and the team's threads spin after every search: on 2 cores that spinning took
-# the embedder's core and raised its p50 from 5.0 to 8.2 ms (bench/cache_latency.py, miss path).
+# NOTE: OpenMP's thread count is per calling thread: new threads (the cache's worker) start
+# from the default, so it is set here and again in search(). A per-scope flat index searched
+# with one query gains nothing from an OpenMP team, and the team cost the miss path dearly on
+# 2 cores: a search took 3.0 ms p50 right after an embedding and 0.17 ms without one
+# (2,000 entries), and its spinning threads slowed the embedder from 5.0 to 8.2 ms.
 faiss.omp_set_num_threads(1)
 
 
@@ -94,6 +96,7 @@ class FaissIndex:
         if index is None:
             return []
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dimension)
+        faiss.omp_set_num_threads(1)  # this thread's setting (see the note at the top)
         scores, ids = index.search(query, min(k, index.ntotal))
         return [Neighbour(int(i), float(s)) for s, i in zip(scores[0], ids[0]) if i >= 0]
 
