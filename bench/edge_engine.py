@@ -234,6 +234,12 @@ async def engine_worker(args: argparse.Namespace) -> None:
 # ---- workers: llama_cpp.Llama, sequential in-process and behind a naive server -------------
 
 
+def model_path() -> Path:
+    from edge_engine import bundled_model_path
+
+    return bundled_model_path()
+
+
 def load_llama() -> Any:
     import llama_cpp
 
@@ -368,16 +374,19 @@ async def naive_batch(url: str, prompts: list[list[dict[str, str]]], concurrency
         t0 = time.perf_counter()
         ttft = None
         tokens = 0
-        async with session.post(url, json={"messages": msgs, "max_tokens": max_tokens, "stream": True}) as resp:
+        body = {"messages": msgs, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True}}
+        async with session.post(url, json=body) as resp:
             resp.raise_for_status()
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 item = json.loads(line[6:])
-                if "usage" in item:
+                if item.get("usage"):
                     tokens = item["usage"]["completion_tokens"]
-                elif ttft is None and item["choices"][0]["delta"].get("content"):
+                choices = item.get("choices") or []
+                if ttft is None and choices and (choices[0].get("delta") or {}).get("content"):
                     ttft = time.perf_counter() - t0
         return {"ttft_s": ttft, "latency_s": time.perf_counter() - t0, "completion_tokens": tokens}
 
@@ -477,10 +486,31 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                     break
         except aiohttp.ClientError:
             await asyncio.sleep(0.2)
-    watch = CpuWatch([os.getpid(), engine.proc.pid, seq.proc.pid, naive.pid])
+    server = None
+    server_url = None
+    if args.llama_server:
+        # llama.cpp's own server: same model, same threads, one slot per concurrent request at the
+        # largest level, each slot with the engine's per-sequence context.
+        sport = free_port()
+        slots = max(args.levels)
+        server = await asyncio.create_subprocess_exec(
+            args.llama_server, "-m", str(model_path()), "--host", "127.0.0.1", "--port", str(sport),
+            "-t", str(N_THREADS), "-tb", str(N_THREADS), "--parallel", str(slots), "-c", str(N_CTX * slots),
+            "--no-webui", stdout=open(tmp / "llama_server.log", "wb"), stderr=asyncio.subprocess.STDOUT)
+        server_url = f"http://127.0.0.1:{sport}/v1/chat/completions"
+        for _ in range(600):
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{sport}/health") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    watch = CpuWatch([os.getpid(), engine.proc.pid, seq.proc.pid, naive.pid] + ([server.pid] if server else []))
     levels = [c for c in args.levels]
     reqs = {c: c * max(1, round(REQUESTS.get(c, 2 * c) * args.scale / c)) for c in levels}
-    total = 3 * (1 + len(args.workloads) * sum(reqs.values())) + args.alone + args.long_rounds * 12
+    n_sys = 4 if args.llama_server else 3
+    total = n_sys * (1 + len(args.workloads) * sum(reqs.values())) + args.alone + args.long_rounds * 12
     results: dict[str, Any] = {"workloads": {}}
     try:
         with tqdm(total=total, desc="edge bench", unit="req") as bar:
@@ -489,6 +519,9 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
             await seq.call({"op": "batch", "prompts": warm, "concurrency": 1, "max_tokens": 8}, bar)
             await naive_batch(url, warm, 1, 8, bar)
             systems = ["engine", "sequential", "naive"]
+            if server_url:
+                await naive_batch(server_url, warm, 1, 8, bar)
+                systems.append("llama_server")
             offset = 0
             turn = 0
             for workload in args.workloads:
@@ -497,7 +530,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 for c in levels:
                     if time.perf_counter() - t_start > args.budget_s:
                         results.setdefault("skipped_levels", []).append(f"{workload}@{c}")  # out of time: machine too slow now
-                        bar.update(3 * reqs[c])
+                        bar.update(n_sys * reqs[c])
                         continue
                     # NOTE: a level runs in rounds of c requests; each round gives every system the same
                     # prompts, in a rotated order, so a burst of foreign load hits all three alike.
@@ -505,7 +538,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                     for _ in range(max(1, reqs[c] // c)):
                         prompts = [make(offset + i) for i in range(c)]
                         offset += c
-                        for name in systems[turn % 3:] + systems[: turn % 3]:
+                        for name in systems[turn % len(systems):] + systems[: turn % len(systems)]:
                             bar.set_description(f"{workload} c={c} {name}")
                             watch.start()
                             cmd = {"op": "batch", "prompts": prompts, "concurrency": c, "max_tokens": args.max_tokens}
@@ -513,8 +546,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                                 run = await engine.call(cmd, bar)
                             elif name == "sequential":
                                 run = await seq.call(cmd, bar)
-                            else:
+                            elif name == "naive":
                                 run = await naive_batch(url, prompts, c, args.max_tokens, bar)
+                            else:
+                                run = await naive_batch(server_url, prompts, c, args.max_tokens, bar)
                             run["cpu"] = watch.stop()
                             runs[name].append(run)
                         turn += 1
@@ -530,6 +565,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                             level[name]["_kv_samples"] = [k for r in parts for k in r["kv_samples"]]  # summarised in report()
                     level["engine_vs_sequential"] = round(level["engine"]["tokens_per_s"] / level["sequential"]["tokens_per_s"], 2)
                     level["engine_vs_naive"] = round(level["engine"]["tokens_per_s"] / level["naive"]["tokens_per_s"], 2)
+                    if "llama_server" in level:
+                        level["engine_vs_llama_server"] = round(level["engine"]["tokens_per_s"] / level["llama_server"]["tokens_per_s"], 2)
                     by_level[f"concurrency_{c}"] = level
                     tqdm.write(f"{workload} c={c}: engine {level['engine']['tokens_per_s']} tok/s, sequential "
                                f"{level['sequential']['tokens_per_s']}, naive {level['naive']['tokens_per_s']} (load {os.getloadavg()[0]:.2f})")
@@ -547,6 +584,9 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession() as s, s.get(status_url) as r:
             results["memory"]["naive"] = await r.json()
     finally:
+        if server is not None:
+            server.terminate()
+            await server.wait()
         await engine.quit()
         await seq.quit()
         naive.terminate()
@@ -572,9 +612,9 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for key, level in by_level.items():
             samples = level["engine"].pop("_kv_samples")
             level["engine"]["kv"] = kv_summary(samples, engine_stats["kv_cells_total"], n_seq_max)
-            ttfts = {name: level[name].pop("_ttft") for name in ("engine", "sequential", "naive")}
+            ttfts = {name: level[name].pop("_ttft") for name in ("engine", "sequential", "naive", "llama_server") if name in level}
             if key == "concurrency_8":
-                for name in ("engine", "naive"):
+                for name in [n for n in ("engine", "naive", "llama_server") if n in level]:
                     vals = [t for t in ttfts[name] if t is not None]
                     ttft8[name] = {"p50_ms": round(pct(vals, 0.5) * 1000, 1), "p99_ms": round(pct(vals, 0.99) * 1000, 1), "n": len(vals)}
             levels[key] = level
@@ -583,6 +623,9 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         if l8:
             ratios["throughput_engine_vs_sequential_at_8"] = {"value": l8["engine_vs_sequential"], "target": ">= 1.4",
                                                               "met": l8["engine_vs_sequential"] >= 1.4}
+            if "engine_vs_llama_server" in l8:
+                v = l8["engine_vs_llama_server"]
+                ratios["throughput_engine_vs_llama_server_at_8"] = {"value": v, "target": ">= 0.8", "met": v >= 0.8}
             r = round(ttft8["naive"]["p99_ms"] / ttft8["engine"]["p99_ms"], 1)
             ratios["ttft_p99_naive_over_engine_at_8"] = {"value": r, "target": ">= 10", "met": r >= 10}
         workloads[workload] = {"prompts": WORKLOADS[workload].__doc__.strip() if WORKLOADS[workload].__doc__ else workload,
@@ -605,7 +648,7 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         r = round(interference["during_long_prefill"]["p99_ms"] / interference["alone"]["p99_ms"], 2)
         ratios["short_ttft_p99_during_long_prefill_over_alone"] = {"value": r, "target": "<= 2", "met": r <= 2}
     foreign = [lv[n]["foreign_cpu_share"] for w in workloads.values() for lv in w["throughput"].values()
-               for n in ("engine", "sequential", "naive")]
+               for n in ("engine", "sequential", "naive", "llama_server") if n in lv]
     noisy = max(raw["loadavg_start"][0], raw["loadavg_end"][0]) > 2.5 or max(foreign, default=0) > 0.15
     return {
         "what": "edge engine (continuous batching) vs sequential llama_cpp.Llama vs a naive locked aiohttp server; same model, 2 threads",
@@ -616,7 +659,9 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                   "naive": "aiohttp, one asyncio.Lock around Llama.create_chat_completion(stream=True) in the default executor; "
                            "streamed over loopback to this process",
                   "sequential": "one Llama.create_chat_completion after another, in-process; concurrency ignored",
-                  "llama_cpp_server": "skipped: no llama.cpp server binary here (calibration on this kind of machine: ~122 tok/s at --parallel 8)",
+                  "llama_cpp_server": (f"llama-server --parallel {max(args.levels)} -t {N_THREADS} -c {N_CTX} per slot, built from "
+                                       "llama-cpp-python's vendored llama.cpp with the same CPU flags" if args.llama_server else
+                                       "not run (pass --llama-server PATH); calibration on this kind of machine: ~122 tok/s at --parallel 8"),
                   "use_extra_bufts": "Llama() in llama-cpp-python 0.3.36 has no such parameter; not needed with the portable AVX2 build",
                   "tokens_per_s": "completion tokens of all requests / wall time (prefill included); a level runs in rounds of "
                                   "c concurrent requests, each round giving the three systems the same prompts in rotated order"},
@@ -646,6 +691,7 @@ def main() -> None:
     defaults = EdgeSettingsDefaults()
     parser.add_argument("--prefill-step-ms", type=float, default=defaults.prefill_step_ms, help="engine setting under test")
     parser.add_argument("--decode-gap-ms", type=float, default=defaults.decode_gap_ms, help="engine setting under test")
+    parser.add_argument("--llama-server", help="path of llama.cpp's llama-server binary: adds it as a fourth system")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the requests per level")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)

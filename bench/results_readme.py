@@ -106,11 +106,12 @@ def render_edge_engine(data: dict[str, Any]) -> list[str]:
     rows = []
     for workload, body in data["workloads"].items():
         for level, r in body["throughput"].items():
+            server = r.get("llama_server") or {}
             rows.append([workload, level.removeprefix("concurrency_"), r["engine"]["tokens_per_s"], r["sequential"]["tokens_per_s"],
-                         r["naive"]["tokens_per_s"], r["engine_vs_sequential"], r["engine"].get("ttft_p99_ms"),
-                         r["naive"].get("ttft_p99_ms")])
-    lines = _table(["workload", "concurrency", "engine tok/s", "sequential tok/s", "naive tok/s", "engine ÷ sequential",
-                    "engine TTFT p99 ms", "naive TTFT p99 ms"], rows)
+                         r["naive"]["tokens_per_s"], server.get("tokens_per_s"), r["engine_vs_sequential"],
+                         r["engine"].get("ttft_p99_ms"), r["naive"].get("ttft_p99_ms"), server.get("ttft_p99_ms")])
+    lines = _table(["workload", "concurrency", "engine tok/s", "sequential tok/s", "naive tok/s", "llama-server tok/s",
+                    "engine ÷ sequential", "engine TTFT p99 ms", "naive TTFT p99 ms", "llama-server TTFT p99 ms"], rows)
     inter = data["long_prompt_interference"]
     lines += ["", f"Short-request TTFT while a ~1,500-token prompt is ingested: p99 {_num(inter['during_long_prefill']['p99_ms'])} ms "
               f"(n={inter['during_long_prefill']['n']}) vs {_num(inter['alone']['p99_ms'])} ms alone. Peak RSS (MiB): "
