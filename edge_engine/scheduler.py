@@ -278,8 +278,8 @@ class Scheduler:
                 budget = 0
             else:
                 parts, n_decode = [], 0
-        # NOTE: shortest prompt first, and a long prompt never shares a step with short
-        # ones: a short request then waits one small step, not a full prefill chunk.
+        # NOTE: shortest prompt first; a prompt's next piece joins the step only if it fits
+        # whole, so a long prompt does not share a step with short ones.
         prefilling = sorted(
             (s for s in self._active if s.prefilling),
             key=lambda s: (int(s.priority), len(s.prompt) - s.n_past, s.order),
@@ -292,11 +292,11 @@ class Scheduler:
             take = min(len(seq.prompt) - seq.n_past, chunk - done % chunk)
             if budget < take:
                 break
-            entries_ = [
+            piece = [
                 BatchEntry(seq.prompt[i], i, seq.seq_id, i == len(seq.prompt) - 1)
                 for i in range(seq.n_past, seq.n_past + take)
             ]
-            parts.append((seq, entries_))
+            parts.append((seq, piece))
             budget -= take
         # NOTE: llama.cpp packs a step into one pass only over ascending, consecutive sequence
         # ids (one KV stream each); any other order costs an extra pass over the weights.
