@@ -153,3 +153,34 @@ def test_a_short_request_gets_its_first_token_before_a_long_prompt_is_ingested(r
         return order
 
     assert reuse_runner.run(scenario()) == ["short", "long"]
+
+
+def test_a_running_stream_keeps_getting_tokens_while_a_long_prompt_is_ingested(reuse_runner) -> None:
+    engine = reuse_runner.engine
+    long_prompt = "Summarise these notes. " + " ".join(f"Note {i}: the ferry to island {i} leaves at dawn." for i in range(30))
+
+    async def scenario():
+        running = await engine.submit(messages=[{"role": "user", "content": "Count from one to fifty in words."}],
+                                      params=SamplingParams(temperature=0, max_tokens=60))
+        await running.__anext__()  # decoding has started
+        long = await engine.submit(messages=[{"role": "user", "content": long_prompt}], params=SamplingParams(temperature=0, max_tokens=1))
+        long_first = asyncio.get_running_loop().create_future()
+
+        async def drain_long() -> None:
+            async for _ in long:
+                if not long_first.done():
+                    long_first.set_result(None)
+
+        task = asyncio.create_task(drain_long())
+        during = 0
+        async for _ in running:
+            if not long_first.done():
+                during += 1
+        await task
+        prompt_tokens = len(engine.tokenize_request(messages=[{"role": "user", "content": long_prompt}]))
+        return during, prompt_tokens, engine.stats()["prompt_tokens_per_step"]
+
+    during, prompt_tokens, per_step = reuse_runner.run(scenario())
+    assert prompt_tokens > 3 * per_step, "the long prompt must need several prompt steps"
+    # decode_gap_ms bounds how long running streams wait while prompts are ingested
+    assert during >= 4, during
