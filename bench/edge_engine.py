@@ -15,7 +15,8 @@ figures; essay: 40-400-token prompts, prefill-heavy): aggregate completion token
 alone (engine); peak resident memory per process and KV cells per active sequence. Each
 concurrency level runs the three systems back to back (order rotated per level) so drift on a
 shared machine hits all of them; the load average and the CPU share taken by other processes
-are recorded per run. llama.cpp's C++ server is not run (no binary in this environment).
+are recorded per run. llama.cpp's own server joins as a fourth system with --llama-server PATH
+(bench/build_llama_server.sh builds it from the llama.cpp that llama-cpp-python vendors).
 """
 
 from __future__ import annotations
@@ -661,7 +662,7 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                   "sequential": "one Llama.create_chat_completion after another, in-process; concurrency ignored",
                   "llama_cpp_server": (f"llama-server --parallel {max(args.levels)} -t {N_THREADS} -c {N_CTX} per slot, built from "
                                        "llama-cpp-python's vendored llama.cpp with the same CPU flags" if args.llama_server else
-                                       "not run (pass --llama-server PATH); calibration on this kind of machine: ~122 tok/s at --parallel 8"),
+                                       "not run (bench/build_llama_server.sh, then --llama-server PATH); calibration on this kind of machine: ~122 tok/s at --parallel 8"),
                   "use_extra_bufts": "Llama() in llama-cpp-python 0.3.36 has no such parameter; not needed with the portable AVX2 build",
                   "tokens_per_s": "completion tokens of all requests / wall time (prefill included); a level runs in rounds of "
                                   "c concurrent requests, each round giving the three systems the same prompts in rotated order"},
