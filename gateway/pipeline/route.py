@@ -62,7 +62,7 @@ class RouteStage:
         self.edge_model = edge_model
         # NOTE: only used without a shared embedder; one thread owns the fallback model.
         self._executor: ThreadPoolExecutor | None = None
-        self._fallback_model: Any = None
+        self._fallback_encoder: Any = None
 
     def available(self, lane: str) -> bool:
         return self.edge_available if lane == "edge" else self.upstream_available
@@ -156,9 +156,9 @@ class RouteStage:
     def _encode(self, text: str) -> np.ndarray:
         from policies.embedder import load_encoder
 
-        if self._fallback_model is None:
-            self._fallback_model = load_encoder()
-        return self._fallback_model.encode([text])[0]
+        if self._fallback_encoder is None:
+            self._fallback_encoder = load_encoder()
+        return self._fallback_encoder.encode([text])[0]
 
     def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
         ctx.route = decision
