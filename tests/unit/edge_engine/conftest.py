@@ -40,3 +40,13 @@ def reuse_runner() -> Iterator[EngineRunner]:
     r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=True, prefill_chunk=16, n_ctx=512, slots=8))
     yield r
     r.close()
+
+
+@pytest.fixture(scope="session")
+def plain_runner() -> Iterator[EngineRunner]:
+    """Attention without the fused kernel (f16 cache), whole prompts per step: the other exact set-up."""
+    r = EngineRunner(
+        EdgeSettings(n_threads=1, prefix_reuse=False, max_queue=8, n_ctx=1024, slots=8, flash_attn=False, prefill_step_ms=None)
+    )
+    yield r
+    r.close()
