@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from edge_engine.settings import attention_problem
 from policies.policy import _deep_merge
 
 
@@ -105,6 +106,19 @@ class EdgeSettingsModel(_Strict):
     )
     prefix_reuse: bool = Field(True, description="reuse the KV cache of a shared prompt prefix")
     mix_prefill: bool = Field(False, description="prompt chunks share steps with decodes (faster, not exact)")
+    flash_attn: bool = Field(True, description="fused attention kernel (~1.2x decode throughput at 8 streams on CPU)")
+    kv_cache_type: Literal["q8_0", "q4_0", "f16", "f32"] | None = Field(
+        None,
+        description="KV cell type; null: q8_0 with flash attention (half f16's memory; quality in "
+        "bench/edge_kv_quality.py), f16 without",
+    )
+
+    @model_validator(mode="after")
+    def _attention(self) -> EdgeSettingsModel:
+        problem = attention_problem(self.flash_attn, self.kv_cache_type, self.batch_invariant, self.n_gpu_layers)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class EmbedderSettings(_Strict):

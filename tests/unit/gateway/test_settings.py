@@ -35,3 +35,24 @@ def test_unknown_embedding_backend_is_rejected(tmp_path: Path) -> None:
     path.write_text("embedder:\n  backend: tensorflow\n")
     with pytest.raises(ValidationError, match="backend"):
         Settings.load(path, env={})
+
+
+def test_edge_attention_defaults_to_flash_attention_over_a_q8_0_cache() -> None:
+    edge = Settings.load(env={}).edge
+    assert edge.flash_attn is True
+    assert edge.kv_cache_type is None  # resolved by the engine: q8_0 with flash attention
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("edge:\n  flash_attn: false\n  kv_cache_type: q8_0\n", "needs flash_attn"),
+        ("edge:\n  kv_cache_type: f16\n", "needs a quantized kv_cache_type"),
+        ("edge:\n  kv_cache_type: q5_1\n", "kv_cache_type"),
+    ],
+)
+def test_edge_attention_set_ups_that_cannot_run_are_rejected_at_load(tmp_path: Path, yaml_text: str, message: str) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValidationError, match=message):
+        Settings.load(path, env={})
