@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,9 @@ from edge_engine.text import StopMatcher
 from gateway.errors import Overloaded
 
 log = logging.getLogger(__name__)
+
+PROBE_TOKENS = 32  # scratch prompt timed at start to size prompt steps
+PROBE_DEPTH = 512  # ... once at position 0 and once after this many cells (a shallower probe misread the slope by 2x)
 
 
 class Scheduler:
@@ -50,7 +54,11 @@ class Scheduler:
         self._reserved = 0  # KV cells promised to active sequences and prefix entries
         self._last_step_decoded = True
         self._last_decode_at = 0.0
-        self.chunk = settings.prefill_chunk  # prompt tokens per step; calibrated at start
+        # Prompt step cost model, calibrated once at start: a prompt token at position p costs
+        # about _ms_token + _ms_cell * p (attention reads every earlier cell).
+        self._ms_token = 0.0
+        self._ms_cell = 0.0
+        self.chunk = settings.prefill_chunk  # prompt tokens per step at position 0
         self._service_s = 2.0  # running mean of request durations, for Retry-After
 
     # ---- called from the event loop -------------------------------------------------
@@ -98,6 +106,7 @@ class Scheduler:
             "slots": self.settings.slots,
             "prefix_entries": len(self._prefixes),
             "prompt_tokens_per_step": self.chunk,
+            "prompt_tokens_per_step_at_n_ctx": self._piece(self.ctx.n_ctx - 1 if self.ctx else self.settings.n_ctx - 1),
         }
 
     def _retry_after(self, waiting: int) -> float:
@@ -204,10 +213,13 @@ class Scheduler:
         candidates: list[tuple[PrefixEntry | Sequence, list[int], int]] = [
             (p, p.tokens, len(p.tokens)) for p in self._prefixes
         ] + [(s, s.tokens, s.n_past) for s in self._active]
+        best_cells = 0
         for source, tokens, limit in candidates:
             n = _common_prefix(tokens, prompt, limit)
-            if n > best_len:
-                best, best_len = source, n
+            # NOTE: the state API copies every cell of the source, so of equal prefixes take the
+            # smallest source (a 1,500-cell prompt costs 6-50 ms to copy, a short one ~2 ms).
+            if n > best_len or (n and n == best_len and limit < best_cells):
+                best, best_len, best_cells = source, n, limit
         # at least one prompt token must be decoded to get logits for the first sample
         best_len = min(best_len, len(prompt) - 1)
         if best_len < self.settings.min_prefix_tokens:
@@ -233,28 +245,71 @@ class Scheduler:
         self._reserved -= len(entry.tokens)
 
     def _calibrate_chunk(self) -> int:
-        """Prompt tokens per step: about prefill_step_ms of work here, at most prefill_chunk.
+        """Times a scratch prompt at position 0 and after PROBE_DEPTH cells, once, at start.
 
-        Timed once on a scratch prompt and then fixed, so that where a prompt is cut never
-        depends on load (greedy output stays the same under traffic).
+        Prompt steps are then sized from that cost model to take about prefill_step_ms at
+        any depth of a prompt (at most prefill_chunk tokens). The sizes depend only on where
+        a piece starts, never on load or on what shares the step.
         """
         s = self.settings
         if s.prefill_step_ms is None:
             return s.prefill_chunk
         assert self.ctx is not None and self.model is not None
-        probe = (self.model.tokenize("The quick brown fox jumps over the lazy dog. " * 8, add_special=False) * 4)[:32]
+        probe = (self.model.tokenize("The quick brown fox jumps over the lazy dog. " * 8, add_special=False) * 4)[:PROBE_TOKENS]
         scratch = self._free_ids[0]
-        per_token = []
-        for _ in range(3):  # the first pass pays for graph allocation; keep the best of the rest
-            start = time.perf_counter()
-            rc = self.ctx.decode([BatchEntry(t, i, scratch, i == len(probe) - 1) for i, t in enumerate(probe)])
-            per_token.append((time.perf_counter() - start) * 1000.0 / len(probe))
+        depth = max(0, min(PROBE_DEPTH, self.ctx.n_ctx - 2 * len(probe)))
+
+        def timed(start: int) -> float | None:
+            begin = time.perf_counter()
+            rc = self.ctx.decode([BatchEntry(t, start + i, scratch, i == len(probe) - 1) for i, t in enumerate(probe)])
+            elapsed = (time.perf_counter() - begin) * 1000.0 / len(probe)
+            self.ctx.seq_rm(scratch, start, -1)
+            return None if rc != 0 else elapsed
+
+        try:
+            near = [timed(0) for _ in range(3)][1:]  # the first pass pays for graph allocation
+            far: list[float | None] = []
+            if depth:
+                fill = (probe * (depth // len(probe) + 1))[:depth]
+                for lo in range(0, depth, self.ctx.n_batch):
+                    part = fill[lo : lo + self.ctx.n_batch]
+                    self.ctx.decode([BatchEntry(t, lo + i, scratch, False) for i, t in enumerate(part)])
+                far = [timed(depth) for _ in range(2)]
+        finally:
             self.ctx.seq_rm(scratch)
-            if rc != 0:
-                return min(s.prefill_chunk, 16)
-        chunk = max(1, min(s.prefill_chunk, int(s.prefill_step_ms / min(per_token[1:]))))
-        log.info("edge prompt steps: %d tokens (%.2f ms per prompt token)", chunk, min(per_token[1:]))
+        if None in near or None in far:
+            return min(s.prefill_chunk, 16)
+        t0 = min(near)  # type: ignore[type-var]
+        self._ms_cell = max(0.0, (min(far) - t0) / depth) if far else 0.0  # type: ignore[type-var]
+        self._ms_token = max(1e-3, t0 - self._ms_cell * len(probe) / 2)
+        chunk = self._piece(0)
+        log.info(
+            "edge prompt steps: %d tokens at position 0, %d at %d (%.2f ms per prompt token + %.4f ms per earlier cell)",
+            chunk, self._piece(self.ctx.n_ctx - 1), self.ctx.n_ctx - 1, self._ms_token, self._ms_cell,
+        )
         return chunk
+
+    def _modelled(self) -> bool:
+        return self.settings.prefill_step_ms is not None and self._ms_token > 0.0
+
+    def _step_budget(self) -> float:
+        """What one prompt step may carry: milliseconds of modelled work, else tokens."""
+        return float(self.settings.prefill_step_ms) if self._modelled() else float(self.chunk)  # type: ignore[arg-type]
+
+    def _piece(self, start: int) -> int:
+        """Prompt tokens of one step starting at position `start`: about prefill_step_ms of work."""
+        s = self.settings
+        if not self._modelled():
+            return self.chunk
+        # n tokens from `start` cost n * (a + b * (start + n / 2)); the largest n within the step
+        a, b, budget = self._ms_token + self._ms_cell * start, self._ms_cell, s.prefill_step_ms
+        n = budget / a if b == 0.0 else (math.sqrt(a * a + 2.0 * b * budget) - a) / b
+        return max(1, min(s.prefill_chunk, int(n)))
+
+    def _piece_cost(self, start: int, n: int) -> float:
+        if not self._modelled():
+            return float(n)
+        return n * (self._ms_token + self._ms_cell * (start + n / 2))
 
     def _decode_turn(self, now: float) -> bool:
         """Whether this step decodes the running sequences rather than ingesting prompts."""
@@ -270,7 +325,7 @@ class Scheduler:
             assert seq.last_token is not None
             parts.append((seq, [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]))
         n_decode = len(parts)
-        chunk = budget = self.chunk
+        budget = self._step_budget()
         started = time.perf_counter()
         if parts and not self.settings.mix_prefill and any(s.prefilling for s in self._active):
             # NOTE: prompt chunks get their own steps. Prompts go first (new requests reach
@@ -279,20 +334,22 @@ class Scheduler:
                 budget = 0
             else:
                 parts, n_decode = [], 0
-        # NOTE: shortest prompt first; a prompt's next piece joins the step only if it fits
-        # whole, so a long prompt does not share a step with short ones.
+        # NOTE: the prompt with the least ingestion time left goes first (by the cost model,
+        # not by tokens: the last 18 tokens of a 1,500-token prompt cost twice a fresh 20-token
+        # one); a prompt's next piece joins the step only if it fits whole, so a long prompt does
+        # not share a step with short ones.
         prefilling = sorted(
             (s for s in self._active if s.prefilling),
-            key=lambda s: (int(s.priority), len(s.prompt) - s.n_past, s.order),
+            key=lambda s: (int(s.priority), self._piece_cost(s.n_past, len(s.prompt) - s.n_past), s.order),
         )
         width = 0
         for seq in prefilling:
-            # NOTE: a prompt is cut every `chunk` tokens from where its ingestion started,
-            # whatever shares the step: llama.cpp's results depend (rarely) on where a prompt
-            # is cut, and greedy text must not depend on other traffic.
-            done = seq.n_past - seq.cached
-            take = min(len(seq.prompt) - seq.n_past, chunk - done % chunk)
-            if budget < take:
+            # NOTE: where a prompt is cut depends only on where each piece starts, whatever
+            # shares the step: greedy text must not depend on other traffic.
+            take = min(len(seq.prompt) - seq.n_past, self._piece(seq.n_past))
+            cost = self._piece_cost(seq.n_past, take)
+            # the first piece always goes (it was sized to the step); others only if they fit
+            if budget <= 0 or (width and budget < cost * (1.0 - 1e-9)):
                 break
             # NOTE: with a KV stream per sequence llama.cpp splits a step into passes of equal
             # tokens per sequence, so pieces of unequal length would be cut again by their
@@ -305,7 +362,7 @@ class Scheduler:
                 for i in range(seq.n_past, seq.n_past + take)
             ]
             parts.append((seq, piece))
-            budget -= take
+            budget -= cost
         # NOTE: llama.cpp packs a step into one pass only over ascending, consecutive sequence
         # ids (one KV stream each); any other order costs an extra pass over the weights.
         parts.sort(key=lambda part: part[0].seq_id)

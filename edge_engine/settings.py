@@ -67,19 +67,21 @@ class EdgeSettings:
     n_threads: int = field(default_factory=_default_threads)
     n_batch: int = 512  # most tokens one llama_decode call may carry
     slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
-    # Prompt ingestion. A request that arrives while a prompt chunk is being decoded waits for
-    # that step, so a step's duration, not its token count, is what bounds interference: each
-    # prompt step is sized, once at start from a timed probe, to take about `prefill_step_ms`,
-    # at most `prefill_chunk` tokens (fixed afterwards: where a prompt is cut never depends on
-    # load). bench/edge_engine.py --workloads essay --levels 8 --alone 8 --long-rounds 2
-    # --prefill-step-ms N, 2 CPU threads (SmolLM2 Q4_1, ~5 ms per prompt token):
-    #   step ms  tokens  essay tok/s vs seq  essay TTFT p99 vs naive  short TTFT during/alone
-    #     40        9          0.87                 2.0x                   1.57
-    #     80       19          0.94                 2.3x                   1.65
-    #    160       33          1.07                 3.0x                   1.54
-    #    320       71          1.09                 3.3x                   3.54
-    # Chunk boundaries are counted from where a prompt's ingestion starts. None: always
-    # `prefill_chunk` tokens.
+    # Prompt ingestion. A request that arrives while a prompt step is being decoded waits for
+    # that step, so a step's duration, not its token count, is what bounds interference. A
+    # scratch prompt is timed once at start, at position 0 and 512 cells deep (attention reads
+    # every earlier cell: with flash attention over q8_0 a prompt token costs ~3.7 ms at the
+    # start and ~9 ms 1,500 cells deep on 2 threads), and each piece of a prompt is then sized
+    # from where it starts to take about `prefill_step_ms`, at most `prefill_chunk` tokens.
+    # Sizes depend only on positions, never on load. The prompt with the least ingestion time
+    # left goes first. bench/edge_engine.py --workloads essay --levels 8 --alone 8
+    # --long-rounds 2 --prefill-step-ms N, 2 CPU threads, one run each (the interference
+    # ratio moves by ~0.5 between runs):
+    #   step ms   essay tok/s vs sequential   short TTFT during a long prompt / alone
+    #     100               1.04                            2.77
+    #     150               1.20                            1.85
+    #     250               1.24                            2.15
+    # None: always `prefill_chunk` tokens.
     prefill_chunk: int = 256
     prefill_step_ms: float | None = 150.0
     # While prompts are being ingested, running sequences get a decode step at least this often

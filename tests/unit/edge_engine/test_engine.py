@@ -153,6 +153,8 @@ def test_prompt_steps_are_calibrated_once_within_the_chunk_cap(runner, reuse_run
     for r in (runner, reuse_runner):
         per_step = r.engine.stats()["prompt_tokens_per_step"]
         assert 1 <= per_step <= r.engine.settings.prefill_chunk
+        # attention reads every earlier cell, so a step deep in a prompt carries fewer tokens
+        assert 1 <= r.engine.stats()["prompt_tokens_per_step_at_n_ctx"] <= per_step
     # the calibrated size is a constant of the engine: traffic does not move it
     before = reuse_runner.engine.stats()["prompt_tokens_per_step"]
     reuse_runner.run(collect(reuse_runner.engine, "Describe the sea in detail. " * 10, max_tokens=2))
