@@ -217,7 +217,8 @@ async def engine_worker(args: argparse.Namespace) -> None:
     emit({"ready": True, "pid": os.getpid(), "settings": {"n_ctx": settings.n_ctx, "n_threads": settings.n_threads, "slots": settings.slots,
           "prefix_slots": settings.prefix_slots, "prefill_chunk": settings.prefill_chunk, "n_batch": settings.n_batch,
           "batch_invariant": settings.batch_invariant, "prefix_reuse": settings.prefix_reuse, "mix_prefill": settings.mix_prefill,
-          "extra_buffers": settings.extra_buffers, "prefill_step_ms": settings.prefill_step_ms,
+          "extra_buffers": settings.extra_buffers, "flash_attn": settings.flash_attn, "kv_cache_type": settings.kv_cache_type,
+          "prefill_step_ms": settings.prefill_step_ms,
           "decode_gap_ms": settings.decode_gap_ms, "prompt_tokens_per_step": engine.stats()["prompt_tokens_per_step"]}})
     while line := await reader.readline():
         cmd = json.loads(line)
@@ -248,8 +249,10 @@ def load_llama() -> Any:
 
     # NOTE: Llama() has no use_extra_bufts parameter in llama-cpp-python 0.3.36 (extra kwargs are
     # ignored); the portable AVX2 build in the venv does not need it.
+    # flash attention: the faster of llama-cpp-python's two attention paths here (bench/edge_decode.py:
+    # 70.2 vs 67.8 tok/s one request after another), so the baselines are the best a lock can do.
     return llama_cpp.Llama(str(bundled_model_path()), n_ctx=N_CTX, n_batch=512, n_threads=N_THREADS,
-                           n_threads_batch=N_THREADS, verbose=False)
+                           n_threads_batch=N_THREADS, flash_attn=True, verbose=False)
 
 
 def sequential_worker() -> None:
@@ -638,6 +641,7 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "alone": {"p50_ms": round(pct(alone, 0.5) * 1000, 1), "p99_ms": round(pct(alone, 0.99) * 1000, 1), "n": len(alone)},
         "during_long_prefill": {"p50_ms": round(pct(during, 0.5) * 1000, 1), "p99_ms": round(pct(during, 0.99) * 1000, 1), "n": len(during)},
         "long_prompts": inter["longs"],
+        "ttft_ms_sorted": {"alone": sorted(round(x * 1000) for x in alone), "during_long_prefill": sorted(round(x * 1000) for x in during)},
         "short_prompt_tokens": sorted({s["prompt_tokens"] for s in inter["alone"] + inter["during"]}),
         "short_cached_tokens_median": statistics.median(s["cached_tokens"] for s in inter["alone"] + inter["during"]),
         "foreign_cpu_share": inter["foreign_cpu_share"], "loadavg_1m": inter["loadavg_1m"],
@@ -659,7 +663,7 @@ def report(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                   "engine": settings, "engine_requests": "in-process EdgeEngine.submit (no HTTP)",
                   "naive": "aiohttp, one asyncio.Lock around Llama.create_chat_completion(stream=True) in the default executor; "
                            "streamed over loopback to this process",
-                  "sequential": "one Llama.create_chat_completion after another, in-process; concurrency ignored",
+                  "sequential": "one Llama.create_chat_completion after another, in-process (flash attention, f16 KV); concurrency ignored",
                   "llama_cpp_server": (f"llama-server --parallel {max(args.levels)} -t {N_THREADS} -c {N_CTX} per slot, built from "
                                        "llama-cpp-python's vendored llama.cpp with the same CPU flags" if args.llama_server else
                                        "not run (bench/build_llama_server.sh, then --llama-server PATH); calibration on this kind of machine: ~122 tok/s at --parallel 8"),

@@ -122,6 +122,14 @@ def render_edge_engine(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_edge_kv_quality(data: dict[str, Any]) -> list[str]:
+    rows = [[name, r["top1_agreement"], r["kl_mean"], r["kl_p99"], r["greedy_text_identical"], r["greedy_tokens_before_first_difference"]]
+            for name, r in data["candidates"].items()]
+    lines = [f"Against {data['reference']}, {data['setup']['positions_compared']} completion positions:", ""]
+    return lines + _table(["set-up", "top-1 agreement", "KL mean", "KL p99", "greedy text identical",
+                           "greedy tokens before first difference"], rows)
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -141,6 +149,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "proxy_overhead": render_proxy_overhead,
     "demo": render_replay,
     "edge_engine": render_edge_engine,
+    "edge_kv_quality": render_edge_kv_quality,
 }
 
 
@@ -160,7 +169,7 @@ def render(results_dir: Path) -> str:
         parts.append("")
         what = data.get("what") or data.get("benchmark")
         what = None if what == path.stem else what
-        head = " ".join(x for x in (f"{what}." if what else "", f"({_stamp(data)})" if _stamp(data) else "") if x)
+        head = " ".join(x for x in (f"{what.rstrip('.')}." if what else "", f"({_stamp(data)})" if _stamp(data) else "") if x)
         if head:
             parts += [head, ""]
         try:

@@ -101,11 +101,12 @@ class EdgeSettings:
     prefix_slots: int = 2  # finished prompts kept in the KV cache for prefix reuse
     min_prefix_tokens: int = 16  # shorter common prefixes are recomputed
     # Flash attention: one fused kernel instead of KQ, softmax and KQV as three passes; on 2 CPU
-    # threads, 8 decoding streams run ~1.2x faster (bench/edge_decode.py). Its CPU kernel picks
-    # a split-KV or tiled path by the step's shape when the KV cache is f16/f32, which breaks
-    # batch_invariant; with a quantized cache it always takes the per-row path, so
-    # batch_invariant with flash_attn needs kv_cache_type q8_0 (or q4_0). Without flash
-    # attention llama.cpp keeps V transposed and cannot quantize it: kv_cache_type f16 then.
+    # threads 8 decoding streams run 1.13x faster (bench/edge_decode.py: 126 vs 111.5 tok/s),
+    # but a prompt token deep in a long prompt costs more (~10 vs ~6 ms at 1,500 cells). Its
+    # CPU kernel picks a split-KV or tiled path by the step's shape when the KV cache is
+    # f16/f32, which breaks batch_invariant; with a quantized cache it always takes the
+    # per-row path, so batch_invariant with flash_attn needs kv_cache_type q8_0 (or q4_0).
+    # Without flash attention llama.cpp keeps V transposed and cannot quantize it: f16 then.
     flash_attn: bool = True
     # KV cache cell type: q8_0, q4_0, f16 or f32. None: q8_0 with flash attention (half of
     # f16's memory per cell; its logits against f16's in bench/edge_kv_quality.py), else f16.
