@@ -128,7 +128,7 @@ class Scheduler:
                 kv_cache_type=s.kv_cache_type,
                 per_sequence_streams=s.batch_invariant,
             )
-            self.chunk = self._calibrate_chunk()
+            self.chunk = self._calibrate_steps()
         except BaseException as exc:  # handed to start(), which raises it on the loop
             on_ready(exc)
             return
@@ -244,7 +244,7 @@ class Scheduler:
         self._prefix_ids.append(entry.seq_id)
         self._reserved -= len(entry.tokens)
 
-    def _calibrate_chunk(self) -> int:
+    def _calibrate_steps(self) -> int:
         """Times a scratch prompt at position 0 and after PROBE_DEPTH cells, once, at start.
 
         Prompt steps are then sized from that cost model to take about prefill_step_ms at
