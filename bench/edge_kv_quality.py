@@ -37,20 +37,25 @@ from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel  # noqa
 REFERENCE = ("f16 KV, no flash attention", {"flash_attn": False, "kv_cache_type": "f16"})
 # The noise floor: the reference's own settings reading one token per llama_decode call instead
 # of 64 (what an unbatched server does). Differences of this size come with any change of step shape.
-FLOOR = "reference settings, one token per step (noise floor)"
-CANDIDATES = {
-    FLOOR: {"flash_attn": False, "kv_cache_type": "f16"},
-    "q8_0 KV + flash attention (default)": {"flash_attn": True, "kv_cache_type": "q8_0"},
-    "f16 KV + flash attention": {"flash_attn": True, "kv_cache_type": "f16"},
-    "q4_0 KV + flash attention": {"flash_attn": True, "kv_cache_type": "q4_0"},
-}
 PIECE = 64  # tokens per llama_decode call while reading a sequence
+# name -> (context settings, tokens per llama_decode call)
+CANDIDATES: dict[str, tuple[dict[str, Any], int]] = {
+    "reference settings, one token per step (noise floor)": ({"flash_attn": False, "kv_cache_type": "f16"}, 1),
+    "q8_0 KV + flash attention (default)": ({"flash_attn": True, "kv_cache_type": "q8_0"}, PIECE),
+    "f16 KV + flash attention": ({"flash_attn": True, "kv_cache_type": "f16"}, PIECE),
+    "q4_0 KV + flash attention": ({"flash_attn": True, "kv_cache_type": "q4_0"}, PIECE),
+}
+
+
+def row_logits(ctx: LlamaContext, index: int) -> np.ndarray:
+    """The logits of batch row `index` of the last llama_decode (a view into llama.cpp's buffer)."""
+    ptr = llama_cpp.llama_get_logits_ith(ctx.ptr, index)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (ctx.model.n_vocab,))
 
 
 def logits_rows(ctx: LlamaContext, tokens: list[int], start: int, step: int = PIECE) -> np.ndarray:
     """Next-token logits after each position >= start - 1, reading `tokens` from an empty cache."""
     ctx.clear()
-    n_vocab = ctx.model.n_vocab
     rows: list[np.ndarray] = []
     for lo in range(0, len(tokens), step):
         piece = tokens[lo : lo + step]
@@ -60,8 +65,7 @@ def logits_rows(ctx: LlamaContext, tokens: list[int], start: int, step: int = PI
             raise RuntimeError("llama_decode failed")
         for i, w in enumerate(want):
             if w:
-                ptr = llama_cpp.llama_get_logits_ith(ctx.ptr, i)
-                rows.append(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (n_vocab,)).copy())
+                rows.append(row_logits(ctx, i).copy())
     return np.stack(rows)[:-1]  # the last row predicts past the sequence
 
 
@@ -70,7 +74,6 @@ def greedy(ctx: LlamaContext, prompt: list[int], n: int, step: int = PIECE) -> l
     out: list[int] = []
     pos = 0
     feed = prompt
-    n_vocab = ctx.model.n_vocab
     while len(out) < n:
         for lo in range(0, len(feed), step):
             piece = feed[lo : lo + step]
@@ -79,8 +82,7 @@ def greedy(ctx: LlamaContext, prompt: list[int], n: int, step: int = PIECE) -> l
             if ctx.decode(entries) != 0:
                 raise RuntimeError("llama_decode failed")
             pos += len(piece)
-        ptr = llama_cpp.llama_get_logits_ith(ctx.ptr, -1)
-        token = int(np.argmax(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (n_vocab,))))
+        token = int(np.argmax(row_logits(ctx, -1)))
         out.append(token)
         if ctx.model.is_eog(token):
             break
@@ -129,7 +131,7 @@ def main() -> None:
         return LlamaContext(model, n_ctx=2048, n_batch=PIECE, n_seq_max=1, n_threads=args.threads, flash_attn=flash_attn, kv_cache_type=kv_cache_type)
 
     ref_ctx = context(**REFERENCE[1])
-    cands = {name: context(**cfg) for name, cfg in CANDIDATES.items()}
+    cands = {name: (context(**cfg), step) for name, (cfg, step) in CANDIDATES.items()}
     stats: dict[str, dict[str, list[Any]]] = {name: {"top1": [], "kl": [], "same_text": [], "agree": [], "kind": []} for name in cands}
     with tqdm(total=len(prompts) * (1 + 2 * len(cands)), desc="kv quality", unit="pass") as bar:
         for kind, prompt in prompts:
@@ -137,8 +139,7 @@ def main() -> None:
             bar.update()
             seq = prompt + completion
             ref = logits_rows(ref_ctx, seq, len(prompt))
-            for name, ctx in cands.items():
-                step = 1 if name == FLOOR else PIECE
+            for name, (ctx, step) in cands.items():
                 cand = logits_rows(ctx, seq, len(prompt), step)
                 s = stats[name]
                 s["top1"].extend((ref.argmax(axis=1) == cand.argmax(axis=1)).tolist())
@@ -167,7 +168,7 @@ def main() -> None:
         print(f"{name}: top-1 {out[name]['top1_agreement']:.4f}, KL mean {out[name]['kl_mean']:.2g} "
               f"p99 {out[name]['kl_p99']:.2g}, identical greedy text {out[name]['greedy_text_identical']:.0%}, "
               f"tokens before the first difference {out[name]['greedy_tokens_before_first_difference']:.0%}")
-    for ctx in [ref_ctx, *cands.values()]:
+    for ctx in [ref_ctx, *(c for c, _ in cands.values())]:
         ctx.close()
     model.close()
     write(

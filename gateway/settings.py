@@ -107,10 +107,10 @@ class EdgeSettingsModel(_Strict):
     prefix_reuse: bool = Field(True, description="reuse the KV cache of a shared prompt prefix")
     mix_prefill: bool = Field(False, description="prompt chunks share steps with decodes (faster, not exact)")
     flash_attn: bool = Field(True, description="fused attention kernel (1.13x decode throughput at 8 streams on 2 CPU threads)")
-    kv_cache_type: Literal["q8_0", "q4_0", "f16", "f32"] | None = Field(
+    kv_cache_type: str | None = Field(
         None,
-        description="KV cell type; null: q8_0 with flash attention (half f16's memory; quality in "
-        "bench/edge_kv_quality.py), f16 without",
+        description="KV cell type (q8_0, q4_0, f16, f32); null: q8_0 with flash attention (half f16's "
+        "memory; quality in bench/edge_kv_quality.py), f16 without",
     )
 
     @model_validator(mode="after")
