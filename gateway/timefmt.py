@@ -3,31 +3,54 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from gateway.errors import InvalidRequest
 
+# The times a parameter may name: 1970-01-01T00:00:00Z up to the last second `iso_time` can
+# render (9999-12-31T23:59:59Z). Outside it, NaN and the infinities would reach SQLite, date
+# arithmetic or `datetime.fromtimestamp` and fail there, as a 500 instead of a 400.
+MIN_TS = 0.0
+MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+
 
 def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
-    """Unix seconds, an ISO date (a `to` date includes that whole day) or an ISO datetime (UTC if naive)."""
+    """Unix seconds, an ISO date (a `to` date includes that whole day) or an ISO datetime (UTC if naive).
+
+    Raises InvalidRequest naming `param` for garbage, NaN, infinities and times outside
+    1970-01-01 .. 9999-12-31 (MIN_TS .. MAX_TS); the end of the day 9999-12-31 is MAX_TS.
+    """
     text = str(raw).strip()
     try:
-        return float(text)
+        number: float | None = float(text)  # also "nan", "inf" and "1e300": checked below
     except ValueError:
-        pass
+        number = None
+    if number is not None:
+        return _in_range(number, text, param)
     try:
         if len(text) == 10:
             day = dt.date.fromisoformat(text)
-            moment = dt.datetime.combine(day, dt.time(), dt.UTC)
-            return (moment + dt.timedelta(days=1 if end_of_day else 0)).timestamp()
+            ts = _in_range(dt.datetime.combine(day, dt.time(), dt.UTC).timestamp(), text, param)
+            # NOTE: seconds rather than `+ timedelta(days=1)`, which overflows on 9999-12-31.
+            return min(ts + 86400.0, MAX_TS) if end_of_day else ts
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        ts = moment.timestamp()
+    except (ValueError, OverflowError):
         raise InvalidRequest(
             f"`{param}` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param=param
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
+    return _in_range(ts, text, param)
+
+
+def _in_range(ts: float, text: str, param: str) -> float:
+    if not math.isfinite(ts) or not MIN_TS <= ts <= MAX_TS:
+        raise InvalidRequest(
+            f"`{param}` must lie between 1970-01-01 and 9999-12-31, got {text!r}", param=param
+        )
+    return ts
 
 
 def iso_time(ts: float) -> str:

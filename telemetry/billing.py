@@ -32,14 +32,38 @@ class Bill:
         return {"cache": self.saved_cache, "edge": self.saved_edge, "trim": self.saved_trim}
 
 
+def _non_negative(usage: Usage) -> Usage:
+    """`usage` with every count at least 0 (a Usage built by hand is not validated on the way in)."""
+    counts = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+    if min(counts) >= 0:
+        return usage
+    return Usage(
+        input_tokens=max(0, usage.input_tokens),
+        output_tokens=max(0, usage.output_tokens),
+        cached_input_tokens=max(0, usage.cached_input_tokens),
+        estimated=usage.estimated,
+    )
+
+
+def _money(amount: float) -> float:
+    """A cost as stored: never negative (NaN, which no comparison admits, becomes 0 too)."""
+    return amount if amount > 0.0 else 0.0
+
+
 def compute_bill(ctx: RequestContext, usage: Usage, pricing: Pricing) -> Bill:
-    """Price `usage` on the lane that answered ctx and split the savings by reason."""
+    """Price `usage` on the lane that answered ctx and split the savings by reason.
+
+    The cost is never negative: negative token counts price as 0 and the cost is clamped at 0,
+    so no row can pay a budget back. Savings may be negative (a cache hit can cost more than
+    the tokens it avoided).
+    """
+    usage = _non_negative(usage)
     trimmed = sum(max(0, n) for n in ctx.trim_saved.values())
     if ctx.lane == "upstream":
         model = ctx.target_model or ctx.model
         price = pricing.upstream(model)
         return Bill(
-            cost=price.cost(usage),
+            cost=_money(price.cost(usage)),
             saved_cache=0.0,
             saved_edge=0.0,
             saved_trim=price.input_cost(trimmed),
@@ -51,10 +75,10 @@ def compute_bill(ctx: RequestContext, usage: Usage, pricing: Pricing) -> Bill:
     # The counterfactual upstream is not assumed to have served any of it from its own prompt cache.
     avoided = reference.cost(usage, cache_discount=False)
     if ctx.lane == "cache":
-        cost = pricing.cache_per_request
+        cost = _money(pricing.cache_per_request)
         saved_cache, saved_edge = avoided - cost, 0.0
     else:
-        cost = pricing.edge.cost(usage, cache_discount=False)
+        cost = _money(pricing.edge.cost(usage, cache_discount=False))
         saved_cache, saved_edge = 0.0, avoided - cost
     return Bill(
         cost=cost,

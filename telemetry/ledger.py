@@ -4,6 +4,11 @@ Durability: a row is committed at most `commit_window_s` (default 200 ms) after 
 with `synchronous=NORMAL`, which in WAL mode survives a crash of the process. So `kill -9` loses
 at most the rows appended during the last commit window (plus the commit in flight); `close()`
 (called on shutdown and SIGTERM) commits everything appended before it.
+
+Robustness: no row can stop the ledger. A group that fails to commit (whatever the error) is
+retried row by row, so one bad row costs only itself; dropped rows are logged and counted in
+`failed` (exported on /metrics). Should the writer thread die all the same (a bug), the next
+`append`, `flush` or `close` notices, logs it loudly and starts a new writer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ log = logging.getLogger(__name__)
 FILENAME = "ledger.sqlite3"
 DEFAULT_COMMIT_WINDOW_S = 0.2
 MAX_BATCH = 5_000
+# A dead writer is restarted at most this often, so a writer that cannot even open the file
+# does not turn every append into a restart.
+RESTART_BACKOFF_S = 1.0
+# flush() looks at the writer this often while it waits, to restart it should it have died.
+FLUSH_POLL_S = 0.1
+# flush() gives up after this many restarts of a writer that keeps dying while it waits.
+FLUSH_MAX_RESTARTS = 3
+# Dropped rows whose request ids one log line names.
+LOGGED_IDS = 10
 
 
 @dataclass(slots=True, kw_only=True)
@@ -121,48 +135,86 @@ class Ledger:
         self.path = path
         self.commit_window_s = commit_window_s
         self.written = 0
-        self.failed = 0
+        self.failed = 0  # rows dropped: their write failed, or their writer died with them
+        self.restarts = 0  # writers restarted after one died
         # NOTE: the queue is the only state shared with the writer thread; the SQLite
         # connection is created and used by that thread alone.
         self._queue: queue.SimpleQueue[LedgerRow | _Flush | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
         self._urgent = threading.Event()
         self._error: BaseException | None = None
+        # Guards (re)starting the writer: append() runs on the event loop, flush() on workers.
+        self._lock = threading.Lock()
+        self._closing = False
+        self._next_restart = 0.0
 
     def start(self) -> None:
         """Create the file and schema and start the writer; blocks until it is ready."""
-        if self._thread is not None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._run, name="tierlane-ledger", daemon=True)
-        self._thread.start()
-        self._ready.wait()
+        with self._lock:
+            if self._thread is not None:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._closing = False
+            self._error = None
+            ready = threading.Event()
+            self._thread = self._spawn(ready)
+        ready.wait()
         if self._error is not None:
+            self._thread = None  # nothing to restart: the caller learns it cannot meter
             raise RuntimeError(f"cannot open the ledger at {self.path}: {self._error}") from self._error
 
     def append(self, row: LedgerRow) -> None:
         self._queue.put(row)
+        thread = self._thread
+        if thread is not None and not thread.is_alive():
+            self._revive()
 
     def pending(self) -> int:
         return self._queue.qsize()
 
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Block until everything appended so far is committed."""
-        if self._thread is None or not self._thread.is_alive():
+        """Block until everything appended so far is committed (or dropped as failed).
+
+        False when the ledger is not started or the timeout passed; a writer that died before
+        or during the wait is restarted, and flush gives up (False) if it keeps dying.
+        """
+        if self._thread is None:
             return False
+        self._revive()
         done = threading.Event()
         self._queue.put(_Flush(done))
         self._urgent.set()
-        return done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        restarts = self.restarts
+        while True:
+            wait = FLUSH_POLL_S if deadline is None else min(FLUSH_POLL_S, max(0.0, deadline - time.monotonic()))
+            if done.wait(wait):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            thread = self._thread
+            if thread is None:  # closed meanwhile
+                return done.is_set()
+            if not thread.is_alive():
+                # NOTE: a writer that dies with our marker in hand sets it on the way out; one
+                # that dies before taking it leaves it queued for the writer started here.
+                if self.restarts - restarts >= FLUSH_MAX_RESTARTS:
+                    log.error("ledger flush gave up: the writer died %d times while it waited", FLUSH_MAX_RESTARTS)
+                    return done.is_set()
+                self._revive()
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Commit everything appended so far and stop the writer."""
         if self._thread is None:
             return
+        self._revive(force=True)  # a dead writer would leave the queued rows unwritten
+        with self._lock:
+            self._closing = True
+            thread = self._thread
         self._queue.put(_Stop())
         self._urgent.set()
-        self._thread.join(timeout)
+        if thread is not None:
+            thread.join(timeout)
         self._thread = None
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -176,7 +228,31 @@ class Ledger:
         finally:
             conn.close()
 
-    def _run(self) -> None:
+    def _spawn(self, ready: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self._run, args=(ready,), name="tierlane-ledger", daemon=True)
+        thread.start()
+        return thread
+
+    def _revive(self, *, force: bool = False) -> bool:
+        """Start a new writer if the current one died; True if one was started."""
+        with self._lock:
+            thread = self._thread
+            if thread is None or thread.is_alive() or self._closing:
+                return False
+            now = time.monotonic()
+            if not force and now < self._next_restart:
+                return False
+            self._next_restart = now + RESTART_BACKOFF_S
+            self.restarts += 1
+            log.critical(
+                "the ledger writer thread died (%d rows waiting); starting a new one (restart %d)",
+                self._queue.qsize(),
+                self.restarts,
+            )
+            self._thread = self._spawn(threading.Event())
+            return True
+
+    def _run(self, ready: threading.Event) -> None:
         try:
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -184,11 +260,16 @@ class Ledger:
             conn.executescript(_SCHEMA)
         except BaseException as exc:
             self._error = exc
-            self._ready.set()
+            log.error("cannot open the ledger at %s: %s", self.path, exc)
+            ready.set()
             return
-        self._ready.set()
+        ready.set()
         try:
             self._loop(conn)
+        except BaseException:
+            # NOTE: not re-raised: the death is logged here, and the next append, flush or
+            # close starts a new writer.
+            log.critical("the ledger writer thread died", exc_info=True)
         finally:
             conn.close()
 
@@ -213,10 +294,19 @@ class Ledger:
                     waiters.append(item.done)
                 else:
                     stop = True
-            for start in range(0, len(batch), MAX_BATCH):
-                self._write(conn, batch[start : start + MAX_BATCH])
-            for done in waiters:
-                done.set()
+            unwritten = len(batch)
+            try:
+                for start in range(0, len(batch), MAX_BATCH):
+                    group = batch[start : start + MAX_BATCH]
+                    self._write(conn, group)
+                    unwritten -= len(group)
+            except BaseException:
+                self.failed += unwritten  # the writer is dying with these rows
+                raise
+            finally:
+                # NOTE: even when dying: a flush() must never wait on a marker nobody will set.
+                for done in waiters:
+                    done.set()
             if stop:
                 return
 
@@ -229,17 +319,47 @@ class Ledger:
                 return items
 
     def _write(self, conn: sqlite3.Connection, batch: list[LedgerRow]) -> None:
+        """Commit a group in one transaction; if that fails, each row on its own. Never raises for a row."""
         if not batch:
             return
         try:
+            # NOTE: inside the try: building a row's values can fail too (`day` of a NaN ts).
+            values = [_values(row) for row in batch]
             conn.execute("BEGIN")
-            conn.executemany(_INSERT, [_values(row) for row in batch])
+            conn.executemany(_INSERT, values)
             conn.execute("COMMIT")
             self.written += len(batch)
-        except sqlite3.Error:
-            self.failed += len(batch)
-            log.exception("ledger write of %d rows failed", len(batch))
+            return
+        except Exception:
+            # Not only sqlite3.Error: a token count past 2**63 raises OverflowError, a bad
+            # timestamp ValueError. The group is rolled back and every row tried on its own.
+            log.warning("ledger write of %d rows failed; writing them one by one", len(batch), exc_info=True)
+            _rollback(conn)
+        dropped: list[str] = []
+        for row in batch:
             try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+                conn.execute(_INSERT, _values(row))  # autocommit: a transaction of its own
+            except Exception:
+                if not dropped:
+                    log.exception("ledger row %r cannot be written", row.request_id)
+                dropped.append(str(row.request_id))
+                _rollback(conn)
+            else:
+                self.written += 1
+        if dropped:
+            self.failed += len(dropped)
+            log.error(
+                "ledger: dropped %d of %d rows that cannot be written (request ids %s)",
+                len(dropped),
+                len(batch),
+                ", ".join(dropped[:LOGGED_IDS]) + (", ..." if len(dropped) > LOGGED_IDS else ""),
+            )
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """End a failed transaction, if one is still open."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from telemetry.attributes import SAVING_REASONS
@@ -20,10 +21,34 @@ from telemetry.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS, Mea
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+class _ReadCounter:
+    """A counter whose total is read from a callable at scrape time.
+
+    NOTE: prometheus_client's Counter has no `set_function` (only Gauge has); a total kept
+    elsewhere (the ledger's failed rows, counted by its writer thread) is exported as a
+    counter by a collector of its own instead.
+    """
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self._name, self._documentation)]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self._name, self._documentation, value=float(self._read()))]
+
+
 class PromMetrics:
     """prometheus_client instruments, created once; `render()` is the /metrics body."""
 
-    def __init__(self, ledger_pending: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        ledger_pending: Callable[[], float] | None = None,
+        ledger_failed: Callable[[], float] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
         self._series: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -86,6 +111,15 @@ class PromMetrics:
                 "tierlane_ledger_pending_rows", "Ledger rows waiting for their commit", registry=self.registry
             )
             pending.set_function(ledger_pending)
+        if ledger_failed is not None:
+            # Exposed as tierlane_ledger_rows_failed_total: rows the ledger dropped (unwritable).
+            self.registry.register(
+                _ReadCounter(
+                    "tierlane_ledger_rows_failed",
+                    "Ledger rows that could not be written and were dropped",
+                    ledger_failed,
+                )
+            )
 
     def record(self, m: Measurement) -> None:
         key = (m.operation, m.provider, m.request_model, m.response_model, m.lane, m.tenant, m.app,

@@ -27,7 +27,7 @@ def heuristic_count(text: str) -> int:
 
 
 def load_local_tokenizer(path: Path | None = None) -> TokenCount:
-    """The bundled embedder's tokenizer (no special tokens), or the heuristic when it is missing."""
+    """The bundled embedder's tokenizer (unpadded, untruncated, no special tokens), or the heuristic if missing."""
     try:
         from tokenizers import Tokenizer
 
@@ -36,7 +36,11 @@ def load_local_tokenizer(path: Path | None = None) -> TokenCount:
 
             path = bundled_model_path() / "tokenizer.json"
         tokenizer = Tokenizer.from_file(str(path))
+        # NOTE: an embedder's tokenizer.json usually pads every text to a fixed length (128 for
+        # all-MiniLM-L6-v2) and truncates it; both must go, or "hi" counts 128 tokens and a long
+        # prompt is capped. no_truncation() leaves the padding in place, hence no_padding() too.
         tokenizer.no_truncation()
+        tokenizer.no_padding()
     except Exception as exc:  # a missing model package must not stop metering
         log.warning("local tokenizer unavailable, estimating tokens from characters: %s", exc)
         return heuristic_count
@@ -140,6 +144,9 @@ async def resolve_usage(ctx: RequestContext, outcome: Outcome, count: TokenCount
         reported = Usage.from_openai(response.get("usage"))
         if reported is not None:
             return reported
+    if response is None and outcome.status == 499 and ctx.lane in ("edge", "upstream") and ctx.lane_seconds > 0:
+        # the client left while the lane worked on it: the prompt was read, so it is billed
+        return estimate_usage(count, ctx.body, None)
     if response is None and (outcome.status >= 400 or ctx.first_token_at is None):
         return Usage()  # nothing was generated, and a refused request is not billed
     chars = sum(len(t) for t in prompt_texts(ctx.body)[0]) + sum(len(t) for t in answer_texts(response))
