@@ -12,14 +12,26 @@ from aiohttp import web
 
 from gateway.auth import KeyTable
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render_unexpected
-from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES
+from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES, SETTINGS
 from gateway.respond import lane_header
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-UNAUTHENTICATED = frozenset({"/healthz", "/readyz", "/metrics"})
+# Probes only: they tell nothing about tenants. /metrics is public only with telemetry.metrics_auth: none.
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
+METRICS_PATH = "/metrics"
+
+
+def needs_key(request: web.Request) -> bool:
+    """Whether the request must carry an API key (everything but the probes and, if so set, /metrics)."""
+    if request.path in UNAUTHENTICATED:
+        return False
+    if request.path == METRICS_PATH:
+        settings = request.app.get(SETTINGS)
+        return settings is None or settings.telemetry.metrics_auth != "none"
+    return True
 
 
 def request_id(request: web.Request) -> str:
@@ -60,7 +72,7 @@ def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitab
         request[REQUEST_ID] = rid
         request[RECEIVED_AT] = received
         try:
-            if request.path not in UNAUTHENTICATED:
+            if needs_key(request):
                 request[PRINCIPAL] = keys.resolve(
                     request.headers.get("Authorization"), request.headers.get("api-key")
                 )

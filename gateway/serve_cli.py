@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.auth import hash_key, new_key
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -21,10 +28,15 @@ def _serve(args: argparse.Namespace) -> int:
         overrides.setdefault("server", {})["host"] = args.host
     if args.port is not None:
         overrides.setdefault("server", {})["port"] = args.port
-    settings = Settings.load(args.config, overrides=overrides)
+    try:
+        settings = Settings.load(args.config, overrides=overrides)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+        print(f"tierlane: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
     if settings.server.uvloop:
         _use_uvloop()
     app = create_app(settings)
+    log_exposure(settings)
     print(f"tierlane listening on http://{settings.server.host}:{settings.server.port}/v1", flush=True)
     web.run_app(
         app,
@@ -36,6 +48,33 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+def log_exposure(settings: Settings) -> None:
+    """One line at start naming the auth mode and the listen address; a warning when it is risky."""
+    from gateway.settings import is_loopback
+
+    auth, host, port = settings.auth, settings.server.host, settings.server.port
+    where = f"{host}:{port}" + (" (loopback only)" if is_loopback(host) else " (reachable from the network)")
+    metrics = "public" if settings.telemetry.metrics_auth == "none" else "global admin key"
+    if auth.mode == "open":
+        # Settings refuse open mode off loopback unless allow_open_on_network says otherwise.
+        log.warning(
+            "auth mode open on %s: every caller is a global admin of tenant 'default' "
+            "(usage, cache purge, /metrics)%s",
+            where,
+            "; allow_open_on_network is set" if not is_loopback(host) else "",
+        )
+        return
+    admins = sum(1 for k in auth.keys if k.admin and k.admin_scope == "global")
+    tenant_admins = sum(1 for k in auth.keys if k.admin and k.admin_scope == "tenant")
+    level = logging.INFO if auth.keys else logging.WARNING
+    log.log(
+        level,
+        "auth mode keys on %s: %d keys (%d global admin, %d tenant admin)%s; /metrics: %s",
+        where, len(auth.keys), admins, tenant_admins,
+        "" if auth.keys else " - every request will get 401", metrics,
+    )
 
 
 def _use_uvloop() -> None:

@@ -5,6 +5,7 @@ This is the only module that reads the environment (besides OTEL_* handled by th
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from importlib import resources
@@ -22,6 +23,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a listen address reaches only this machine: 127.0.0.0/8, ::1 or "localhost".
+
+    Any other name counts as reachable from the network (it may resolve to anything), and so do
+    the wildcard addresses 0.0.0.0, :: and "" (all interfaces).
+    """
+    name = host.strip().strip("[]").lower()
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -35,7 +54,10 @@ class ApiKey(_Strict):
     sha256: str = Field(description="hex SHA-256 digest of the key; the key itself is never stored")
     tenant: str
     app: str = "default"
-    admin: bool = False
+    admin: bool = Field(False, description="may read usage, purge the cache, read /v1/shadow (and /metrics if global)")
+    admin_scope: Literal["global", "tenant"] = Field(
+        "global", description="what an admin key administers: global = every tenant, tenant = its own tenant only"
+    )
 
     @field_validator("sha256")
     @classmethod
@@ -45,10 +67,24 @@ class ApiKey(_Strict):
             raise ValueError("sha256 must be 64 hex characters (see `tierlane hash-key`)")
         return value
 
+    @model_validator(mode="after")
+    def _scope_needs_admin(self) -> ApiKey:
+        if self.admin_scope == "tenant" and not self.admin:
+            raise ValueError("admin_scope: tenant is for admin keys; add admin: true (or drop admin_scope)")
+        return self
+
 
 class AuthSettings(_Strict):
-    mode: Literal["open", "keys"] = "open"
+    mode: Literal["open", "keys"] = Field(
+        "open", description='open: every caller is an admin of tenant "default" (loopback only); keys: API keys'
+    )
     keys: list[ApiKey] = Field(default_factory=list)
+    keys_file: Path | None = Field(
+        None, description="YAML/JSON list of keys (same fields as `keys`), added to them at load; e.g. a mounted Secret"
+    )
+    allow_open_on_network: bool = Field(
+        False, description="let open mode listen on a non-loopback address (anyone who reaches it is admin)"
+    )
 
 
 class UpstreamSettings(_Strict):
@@ -140,6 +176,9 @@ class TelemetrySettings(_Strict):
     record_content: bool = False
     tenants: list[str] = Field(default_factory=list)
     apps: list[str] = Field(default_factory=list)
+    metrics_auth: Literal["admin", "none"] = Field(
+        "admin", description="GET /metrics: admin = needs a global admin key (open mode: anyone); none = public"
+    )
 
 
 class Settings(_Strict):
@@ -155,6 +194,17 @@ class Settings(_Strict):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     policy_file: Path | None = None
     policy: dict[str, Any] = Field(default_factory=dict, description="inline policy sections")
+
+    @model_validator(mode="after")
+    def _open_only_on_loopback(self) -> Settings:
+        if self.auth.mode == "open" and not self.auth.allow_open_on_network and not is_loopback(self.server.host):
+            raise ValueError(
+                f"auth.mode is open (every caller is an admin of tenant 'default') but server.host "
+                f"{self.server.host!r} is not a loopback address; use auth.mode: keys (see `tierlane hash-key`), "
+                "listen on 127.0.0.1, or accept the exposure with auth.allow_open_on_network: true "
+                "(TIERLANE_ALLOW_OPEN_ON_NETWORK=1)"
+            )
+        return self
 
     @classmethod
     def load(
@@ -176,11 +226,33 @@ class Settings(_Strict):
         data = _deep_merge(data, _from_env(env))
         if overrides:
             data = _deep_merge(data, overrides)
+        auth = data.get("auth")
+        if isinstance(auth, Mapping) and auth.get("keys_file") and isinstance(auth.get("keys") or [], list):
+            data["auth"] = {**auth, "keys": [*(auth.get("keys") or []), *read_keys_file(auth["keys_file"])]}
         settings = cls.model_validate(data)
         for upstream in settings.upstreams:
             if upstream.api_key_env:
                 upstream.api_key = env.get(upstream.api_key_env)
         return settings
+
+
+def read_keys_file(path: str | Path) -> list[Any]:
+    """The key entries of an `auth.keys_file`: a YAML or JSON list of {sha256, tenant, app, admin,
+    admin_scope}, or a mapping with such a list under `keys`. Entries are validated as `auth.keys`."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValueError(f"auth.keys_file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"auth.keys_file {str(path)!r} is not valid YAML or JSON: {exc}") from None
+    if isinstance(loaded, Mapping) and set(loaded) == {"keys"}:
+        loaded = loaded["keys"]
+    if loaded is None:
+        return []
+    if not isinstance(loaded, list):
+        raise ValueError(f"auth.keys_file {str(path)!r} must hold a list of keys (or a mapping with `keys:`)")
+    return loaded
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -194,8 +266,15 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["server"] = server
     if "TIERLANE_STATE_DIR" in env:
         out["state_dir"] = env["TIERLANE_STATE_DIR"]
+    auth: dict[str, Any] = {}
     if "TIERLANE_AUTH_MODE" in env:
-        out["auth"] = {"mode": env["TIERLANE_AUTH_MODE"]}
+        auth["mode"] = env["TIERLANE_AUTH_MODE"]
+    if env.get("TIERLANE_API_KEYS_FILE"):
+        auth["keys_file"] = env["TIERLANE_API_KEYS_FILE"]
+    if env.get("TIERLANE_ALLOW_OPEN_ON_NETWORK"):
+        auth["allow_open_on_network"] = env["TIERLANE_ALLOW_OPEN_ON_NETWORK"]  # validated as a boolean
+    if auth:
+        out["auth"] = auth
     if "TIERLANE_POLICY" in env:
         out["policy_file"] = env["TIERLANE_POLICY"]
     if "TIERLANE_EDGE" in env:

@@ -6,7 +6,7 @@ import csv
 import io
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.errors import InvalidRequest
@@ -68,6 +68,10 @@ class UsageQuery:
             raise InvalidRequest("`from` must be earlier than `to`", param="from")
         filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k)}
         return cls(start=start, end=end, group_by=tuple(group_by), filters=filters)
+
+    def for_tenant(self, tenant: str) -> UsageQuery:
+        """The same query over one tenant's rows only (what a tenant admin may read)."""
+        return replace(self, filters={**self.filters, "tenant": tenant})
 
     def sql(self) -> tuple[str, list[Any]]:
         keys = ", ".join(self.group_by)

@@ -1,4 +1,8 @@
-"""Admin purge of the semantic cache: DELETE /v1/cache?tenant=... and DELETE /v1/cache/{key}."""
+"""Admin purge of the semantic cache: DELETE /v1/cache?tenant=... and DELETE /v1/cache/{key}.
+
+A tenant admin (`admin_scope: tenant`) purges only its own tenant; purging one entry by key
+needs a global admin, since a key or entry id does not say whose entry it is.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from gateway.errors import InvalidRequest, NotFound, PermissionDenied
+from gateway.auth import require_admin, require_global_admin, require_tenant_admin
+from gateway.context import Principal
+from gateway.errors import InvalidRequest, NotFound
 from gateway.keys import PRINCIPAL, SERVICES
 
 if TYPE_CHECKING:
@@ -15,15 +21,13 @@ if TYPE_CHECKING:
     from policies.cache.service import SemanticCache
 
 
-def _admin_cache(request: web.Request, services: Services | None) -> SemanticCache:
-    principal = request.get(PRINCIPAL)
-    if principal is None or not principal.admin:
-        raise PermissionDenied("purging the cache needs an admin API key")
+def _admin_cache(request: web.Request, services: Services | None) -> tuple[Principal, SemanticCache]:
+    principal = require_admin(request.get(PRINCIPAL), "purging the cache")
     services = services or request.app.get(SERVICES)
     if services is None or services.cache is None:
         raise NotFound("the semantic cache is switched off on this gateway")
     cache: SemanticCache = services.cache
-    return cache
+    return principal, cache
 
 
 def _json(payload: dict[str, object]) -> web.Response:
@@ -34,15 +38,17 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
     """Register the purge endpoints (admin only); `services` defaults to the app's, looked up per request."""
 
     async def purge_tenant(request: web.Request) -> web.Response:
-        cache = _admin_cache(request, services)
+        principal, cache = _admin_cache(request, services)
         tenant = request.query.get("tenant", "").strip()
         if not tenant:
             raise InvalidRequest("say which tenant's entries to purge: DELETE /v1/cache?tenant=NAME", param="tenant")
+        require_tenant_admin(principal, tenant, "purging the cache")
         deleted = await cache.purge_tenant(tenant)
         return _json({"object": "cache.purge", "tenant": tenant, "deleted": deleted})
 
     async def purge_key(request: web.Request) -> web.Response:
-        cache = _admin_cache(request, services)
+        principal, cache = _admin_cache(request, services)
+        require_global_admin(principal, "purging a cache entry by key")
         key = request.match_info["key"].strip().lower()
         if not (key.isdigit() or (len(key) == 64 and all(c in "0123456789abcdef" for c in key))):
             raise InvalidRequest(

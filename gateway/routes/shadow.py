@@ -1,4 +1,7 @@
-"""GET /v1/shadow: per-lane agreement of sampled cache/edge answers with the upstream's (admin)."""
+"""GET /v1/shadow: per-lane agreement of sampled cache/edge answers with the upstream's (global admin).
+
+The figures pool every tenant's sampled traffic, so a tenant admin (`admin_scope: tenant`) is refused.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from gateway.errors import PermissionDenied
+from gateway.auth import require_global_admin
 from gateway.keys import PRINCIPAL, REQUEST_ID, SETTINGS
 from gateway.pipeline.shadow import AGREE, FILENAME, summarize
 from gateway.timefmt import iso_time, parse_time
@@ -21,9 +24,7 @@ def parse_since(raw: str | None) -> float:
 
 
 async def shadow_report(request: web.Request) -> web.Response:
-    principal = request.get(PRINCIPAL)
-    if principal is None or not principal.admin:
-        raise PermissionDenied("GET /v1/shadow needs an admin API key")
+    require_global_admin(request.get(PRINCIPAL), "GET /v1/shadow")
     since = parse_since(request.query.get("since"))
     path = request.app[SETTINGS].state_dir / FILENAME
     rows = await asyncio.to_thread(summarize, path, since)

@@ -1,4 +1,8 @@
-"""GET /v1/usage: ledger totals for admins, as JSON or (with `Accept: text/csv`) CSV."""
+"""GET /v1/usage: ledger totals for admins, as JSON or (with `Accept: text/csv`) CSV.
+
+A global admin reads every tenant; a tenant admin (`admin_scope: tenant`) reads only its own
+tenant's rows, and asking for another tenant is 403.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from gateway.errors import NotFound, PermissionDenied
+from gateway.auth import require_admin, require_tenant_admin
+from gateway.errors import NotFound
 from gateway.keys import PRINCIPAL, REQUEST_ID, SERVICES
 from telemetry.usage import report, to_csv
 
@@ -28,11 +33,12 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
     """`services` may be omitted: it is then looked up on the app when a request comes."""
 
     async def usage(request: web.Request) -> web.Response:
-        principal = request.get(PRINCIPAL)
-        if principal is None or not principal.admin:
-            raise PermissionDenied("GET /v1/usage needs an admin API key")
+        principal = require_admin(request.get(PRINCIPAL), "GET /v1/usage")
         telemetry = _telemetry(request, services)
         query = telemetry.usage_query(request.query)
+        if not principal.global_admin:
+            require_tenant_admin(principal, query.filters.get("tenant", principal.tenant), "GET /v1/usage")
+            query = query.for_tenant(principal.tenant)
         rows = await telemetry.usage(query)
         headers = {"x-request-id": request.get(REQUEST_ID, "")}
         if "text/csv" in request.headers.get("Accept", ""):
