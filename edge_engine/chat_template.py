@@ -8,7 +8,7 @@ from typing import Any
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from edge_engine.llama_model import LlamaModel
-from gateway.errors import InvalidRequest
+from edge_engine.errors import InvalidInput
 
 
 class ChatTemplate:
@@ -27,7 +27,7 @@ class ChatTemplate:
         try:
             return self._formatter(messages=plain).prompt
         except Exception as exc:  # the template raises for roles or orders it does not accept
-            raise InvalidRequest(f"the edge model's chat template rejected the messages: {exc}", param="messages") from exc
+            raise InvalidInput(f"the edge model's chat template rejected the messages: {exc}", param="messages") from exc
 
 
 def _text_content(content: Any, index: int) -> str:
@@ -37,10 +37,10 @@ def _text_content(content: Any, index: int) -> str:
         parts = []
         for part in content:
             if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise InvalidRequest(
+                raise InvalidInput(
                     "the edge model reads text only; send image or audio parts to an upstream model",
                     param=f"messages[{index}].content",
                 )
             parts.append(str(part.get("text", "")))
         return "".join(parts)
-    raise InvalidRequest("message content must be a string or a list of parts", param=f"messages[{index}].content")
+    raise InvalidInput("message content must be a string or a list of parts", param=f"messages[{index}].content")

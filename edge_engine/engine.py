@@ -1,4 +1,10 @@
-"""The edge engine as the gateway sees it: async submit/stream/cancel over the scheduler thread."""
+"""The edge engine as the gateway sees it: async submit/stream/cancel over the scheduler thread.
+
+The engine supervises its scheduler: when the scheduler thread ends on a failure (it has
+already failed every request it held), the engine reports itself unavailable, answers new
+submissions with EngineBusy at once, and starts a fresh scheduler over the same loaded model,
+with backoff between attempts.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence as Seq
 from typing import Any
 
 from edge_engine.chat_template import ChatTemplate
+from edge_engine.errors import ContextTooLong, EngineBusy, InvalidInput
 from edge_engine.events import GenerationEvent, Sequence
 from edge_engine.llama_model import LlamaModel
 from edge_engine.sampling import Priority, SamplingParams
 from edge_engine.scheduler import Scheduler
 from edge_engine.settings import EdgeSettings
 from edge_engine.stats import EngineStats
-from gateway.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 
 log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 0.5  # first wait before a failed scheduler is replaced; doubles per failed start
+RESTART_DELAY_MAX_S = 30.0
 
 
 class Generation:
@@ -63,10 +72,13 @@ class EdgeEngine:
     def __init__(self, settings: EdgeSettings | None = None) -> None:
         self.settings = settings or EdgeSettings()
         self._stats = EngineStats()
-        self._scheduler = Scheduler(self.settings, self._stats)
+        self._scheduler: Scheduler | None = None
         self._model: LlamaModel | None = None
         self._template: ChatTemplate | None = None
         self._n_ctx = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._restarting: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def model_name(self) -> str:
@@ -77,23 +89,73 @@ class EdgeEngine:
         """Longest prompt plus completion one request may use, in tokens."""
         return self._n_ctx
 
+    @property
+    def available(self) -> bool:
+        """Whether a request submitted now would be taken (false while the scheduler restarts)."""
+        return self._scheduler is not None and self._scheduler.running
+
     async def start(self) -> None:
-        """Loads the model and creates the context on the scheduler thread."""
+        """Loads the model, then creates the context on a scheduler thread."""
         logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
+        s = self.settings
+        self._model = await asyncio.to_thread(LlamaModel, s.resolved_model_path(), s.n_gpu_layers, s.extra_buffers)
+        try:
+            self._template = await asyncio.to_thread(ChatTemplate, self._model)
+            await self._start_scheduler()
+        except BaseException:
+            self._model.close()
+            self._model = None
+            raise
+        log.info("edge engine ready: %s, %d KV cells, %d slots", self._model.path.name, self._n_ctx, self.settings.slots)
+
+    async def _start_scheduler(self) -> None:
+        assert self._loop is not None and self._model is not None
+        loop = self._loop
+        scheduler = Scheduler(self.settings, self._stats, self._model)
         ready: asyncio.Future[BaseException | None] = loop.create_future()
-        self._scheduler.start(lambda exc: loop.call_soon_threadsafe(ready.set_result, exc))
+        scheduler.start(
+            lambda exc: loop.call_soon_threadsafe(ready.set_result, exc),
+            lambda exc: loop.call_soon_threadsafe(self._on_exit, scheduler, exc),
+        )
         error = await ready
         if error is not None:
             raise error
-        self._model = self._scheduler.model
-        assert self._model is not None and self._scheduler.ctx is not None
-        self._template = await asyncio.to_thread(ChatTemplate, self._model)
-        self._n_ctx = min(self._scheduler.ctx.n_ctx, self._model.n_ctx_train or self._scheduler.ctx.n_ctx)
-        log.info("edge engine ready: %s, %d KV cells, %d slots", self._model.path.name, self._n_ctx, self.settings.slots)
+        assert scheduler.ctx is not None
+        self._scheduler = scheduler
+        self._n_ctx = min(scheduler.ctx.n_ctx, self._model.n_ctx_train or scheduler.ctx.n_ctx)
+
+    def _on_exit(self, scheduler: Scheduler, failure: BaseException | None) -> None:
+        """On the event loop: a scheduler thread ended; replace it unless the engine is closing."""
+        if self._closing or scheduler is not self._scheduler or failure is None:
+            return
+        log.error("the edge scheduler stopped on %r; the edge lane is unavailable until a fresh one starts", failure)
+        self._restarting = asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        delay = RESTART_DELAY_S
+        while not self._closing:
+            await asyncio.sleep(delay)
+            try:
+                await self._start_scheduler()
+            except Exception:  # noqa: BLE001 - keep trying with backoff
+                log.exception("starting a fresh edge scheduler failed; next try in %.1f s", delay * 2)
+                delay = min(RESTART_DELAY_MAX_S, delay * 2)
+                continue
+            self._stats.restarts_total += 1
+            log.warning("edge engine restarted (%d restarts so far)", self._stats.restarts_total)
+            return
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._scheduler.stop)
+        self._closing = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+            await asyncio.gather(self._restarting, return_exceptions=True)
+        if self._scheduler is not None:
+            await asyncio.to_thread(self._scheduler.stop)
+        if self._model is not None:
+            self._model.close()
+            self._model = None
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model's vocabulary; safe from any thread."""
@@ -114,9 +176,9 @@ class EdgeEngine:
             return model.tokenize(prompt, add_special=True, parse_special=True)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             if any(t < 0 or t >= model.n_vocab for t in prompt):
-                raise InvalidRequest(f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
+                raise InvalidInput(f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
             return list(prompt)
-        raise InvalidRequest("the edge model takes one prompt: a string or a list of token ids", param="prompt")
+        raise InvalidInput("the edge model takes one prompt: a string or a list of token ids", param="prompt")
 
     async def submit(
         self,
@@ -126,18 +188,24 @@ class EdgeEngine:
         params: SamplingParams | None = None,
         priority: Priority = Priority.INTERACTIVE,
         prompt_tokens: list[int] | None = None,
+        scope: str = "",
     ) -> Generation:
-        """Queues a request; raises ContextLengthExceeded (400) or Overloaded (503) at once."""
+        """Queues a request; raises InvalidInput / ContextTooLong or EngineBusy at once.
+
+        `scope` keys KV prefix reuse: only requests of the same scope share cached prompt cells.
+        """
         params = params or SamplingParams()
+        if not self.available:
+            raise EngineBusy("the edge engine is restarting after a failure; retry shortly", retry_after=2)
         enqueued_at = time.perf_counter()
         tokens = prompt_tokens
         if tokens is None:
             tokens = await asyncio.to_thread(self.tokenize_request, messages=messages, prompt=prompt)
         param = "messages" if messages is not None else "prompt"
         if not tokens:
-            raise InvalidRequest("the prompt is empty", param=param)
+            raise InvalidInput("the prompt is empty", param=param)
         if len(tokens) >= self._n_ctx:
-            raise ContextLengthExceeded(
+            raise ContextTooLong(
                 f"This model's maximum context length is {self._n_ctx} tokens. However, your "
                 f"{param} resulted in {len(tokens)} tokens. Please shorten it.",
                 param=param,
@@ -145,7 +213,7 @@ class EdgeEngine:
         room = self._n_ctx - len(tokens)
         wanted = params.max_tokens if params.max_tokens is not None else self.settings.default_max_tokens
         if wanted < 1:
-            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+            raise InvalidInput("max_tokens must be at least 1", param="max_tokens")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -159,9 +227,12 @@ class EdgeEngine:
             priority=priority,
             deliver=deliver,
             enqueued_at=enqueued_at,
+            scope=scope,
         )
-        self._scheduler.submit(seq)
-        return Generation(self._scheduler, seq, queue)
+        scheduler = self._scheduler
+        assert scheduler is not None
+        scheduler.submit(seq)
+        return Generation(scheduler, seq, queue)
 
     async def generate(
         self,
@@ -170,9 +241,10 @@ class EdgeEngine:
         prompt: Any = None,
         params: SamplingParams | None = None,
         priority: Priority = Priority.INTERACTIVE,
+        scope: str = "",
     ) -> AsyncIterator[GenerationEvent]:
         """Events as tokens are sampled; closing the iterator early cancels the sequence."""
-        generation = await self.submit(messages=messages, prompt=prompt, params=params, priority=priority)
+        generation = await self.submit(messages=messages, prompt=prompt, params=params, priority=priority, scope=scope)
         try:
             async for event in generation:
                 yield event
@@ -181,9 +253,10 @@ class EdgeEngine:
 
     def stats(self) -> dict[str, Any]:
         """Queue depth, active sequences, KV cells, token rates and TTFT, for telemetry."""
-        return {"model": self.model_name, **self._scheduler.load(), **self._stats.snapshot()}
+        load = self._scheduler.load() if self._scheduler is not None else {}
+        return {"model": self.model_name, "available": self.available, **load, **self._stats.snapshot()}
 
     def _loaded(self) -> LlamaModel:
         if self._model is None:
-            raise Overloaded("the edge engine is not started", retry_after=5)
+            raise EngineBusy("the edge engine is not started", retry_after=5)
         return self._model

@@ -27,6 +27,7 @@ class PrefixEntry:
 
     seq_id: int
     tokens: list[int]
+    scope: str = ""  # whose prompt it was: only sequences of the same scope reuse it
     refs: int = 0
     last_used: float = 0.0
 
@@ -41,6 +42,10 @@ class Sequence:
     priority: Priority
     deliver: Callable[[Any], None]  # thread-safe: hands an event or exception to the caller
     enqueued_at: float
+    # NOTE: KV reuse is scoped (by tenant, in the gateway): a shared prefix shows in cached
+    # tokens and in time to first token, so reuse across scopes would let one tenant confirm
+    # another's prompt token by token.
+    scope: str = ""
     order: int = 0
     seq_id: int = -1
     n_past: int = 0  # positions already in the KV cache

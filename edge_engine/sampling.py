@@ -35,20 +35,22 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-def build_sampler(params: SamplingParams, default_seed: int) -> llama_cpp.llama_sampler_p:
+def _penalties(n_vocab: int, params: SamplingParams) -> llama_cpp.llama_sampler_p:
+    # NOTE: llama.cpp dropped `n_vocab` from llama_sampler_init_penalties at one point and the
+    # bundled build still takes it; follow the arity of the installed binding, not a guess.
+    init = llama_cpp.llama_sampler_init_penalties
+    values = (params.penalty_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty)
+    if len(getattr(init, "argtypes", None) or ()) == 5:
+        return init(n_vocab, *values)
+    return init(*values)
+
+
+def build_sampler(params: SamplingParams, default_seed: int, n_vocab: int) -> llama_cpp.llama_sampler_p:
     """A sampler chain owned by one sequence; free it with llama_sampler_free."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
     if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
-        add(
-            chain,
-            llama_cpp.llama_sampler_init_penalties(
-                params.penalty_last_n,
-                params.repeat_penalty,
-                params.frequency_penalty,
-                params.presence_penalty,
-            ),
-        )
+        add(chain, _penalties(n_vocab, params))
     if params.greedy:
         add(chain, llama_cpp.llama_sampler_init_greedy())
         return chain

@@ -1,4 +1,10 @@
-"""Continuous batching: one thread owns the llama.cpp context and decodes every active sequence per step."""
+"""Continuous batching: one thread owns the llama.cpp context and decodes every active sequence per step.
+
+Failures are contained: an error while admitting a request fails that request; an error inside
+a step fails the sequences in that step and the loop goes on; only repeated step failures, or
+an error while cleaning up, end the thread, and then every request it held is failed before
+the context is freed and the engine (the supervisor) starts a fresh scheduler.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ from edge_engine.sampling import build_sampler
 from edge_engine.settings import EdgeSettings
 from edge_engine.stats import EngineStats
 from edge_engine.text import StopMatcher
-from gateway.errors import Overloaded
+from edge_engine.errors import EngineBusy, EngineFailure
 
 log = logging.getLogger(__name__)
 
 PROBE_TOKENS = 32  # scratch prompt timed at start to size prompt steps
 PROBE_DEPTH = 512  # ... once at position 0 and once after this many cells (a shallower probe misread the slope by 2x)
+MAX_STEP_FAILURES = 3  # consecutive failed steps after which the context is no longer trusted
 
 
 class Scheduler:
@@ -34,10 +41,10 @@ class Scheduler:
     belongs to the scheduler thread alone, so llama.cpp is never called concurrently.
     """
 
-    def __init__(self, settings: EdgeSettings, stats: EngineStats) -> None:
+    def __init__(self, settings: EdgeSettings, stats: EngineStats, model: LlamaModel) -> None:
         self.settings = settings
         self.stats = stats
-        self.model: LlamaModel | None = None
+        self.model = model  # owned by the engine: it outlives any one scheduler
         self.ctx: LlamaContext | None = None
         self._cond = threading.Condition()
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap on (priority, arrival)
@@ -60,12 +67,29 @@ class Scheduler:
         self._ms_cell = 0.0
         self.chunk = settings.prefill_chunk  # prompt tokens per step at position 0
         self._service_s = 2.0  # running mean of request durations, for Retry-After
+        self._in_step: list[Sequence] = []  # the sequences of the step being run
+        self._step_failures = 0  # consecutive
+        self.failure: BaseException | None = None  # why the thread ended, when it was not stop()
 
     # ---- called from the event loop -------------------------------------------------
 
-    def start(self, on_ready: Callable[[BaseException | None], None]) -> None:
-        self._thread = threading.Thread(target=self._main, args=(on_ready,), name="edge-scheduler", daemon=True)
+    def start(
+        self,
+        on_ready: Callable[[BaseException | None], None],
+        on_exit: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
+        """Starts the thread; `on_ready` gets the start-up error or None, `on_exit` why the loop ended."""
+        self._thread = threading.Thread(
+            target=self._main, args=(on_ready, on_exit), name="edge-scheduler", daemon=True
+        )
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler thread is alive and takes work."""
+        with self._cond:
+            stopping = self._stopping
+        return not stopping and self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         with self._cond:
@@ -77,10 +101,10 @@ class Scheduler:
     def submit(self, seq: Sequence) -> None:
         with self._cond:
             if self._stopping:
-                raise Overloaded("the edge engine is shutting down", retry_after=5)
+                raise EngineBusy("the edge engine is shutting down", retry_after=5)
             if len(self._waiting) >= self.settings.max_queue:
                 self.stats.rejected_total += 1
-                raise Overloaded(
+                raise EngineBusy(
                     f"the edge engine queue is full ({len(self._waiting)} requests waiting); retry later",
                     retry_after=self._retry_after(len(self._waiting)),
                 )
@@ -114,10 +138,11 @@ class Scheduler:
 
     # ---- the scheduler thread -------------------------------------------------------
 
-    def _main(self, on_ready: Callable[[BaseException | None], None]) -> None:
+    def _main(
+        self, on_ready: Callable[[BaseException | None], None], on_exit: Callable[[BaseException | None], None] | None
+    ) -> None:
         try:
             s = self.settings
-            self.model = LlamaModel(s.resolved_model_path(), s.n_gpu_layers, s.extra_buffers)
             self.ctx = LlamaContext(
                 self.model,
                 n_ctx=s.n_ctx,
@@ -130,13 +155,22 @@ class Scheduler:
             )
             self.chunk = self._calibrate_steps()
         except BaseException as exc:  # handed to start(), which raises it on the loop
+            with self._cond:
+                self._stopping = True
+            if self.ctx is not None:
+                self.ctx.close()
             on_ready(exc)
             return
         on_ready(None)
         try:
             self._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, never lost
+            log.exception("the edge scheduler failed; failing its requests and handing over to a fresh one")
+            self.failure = exc
         finally:
             self._shutdown()
+            if on_exit is not None:
+                on_exit(self.failure)
 
     def _loop(self) -> None:
         while True:
@@ -154,7 +188,27 @@ class Scheduler:
                     self._release(seq, keep_prefix=False)
             self._admit()
             if self._active:
-                self._step()
+                self._guarded_step()
+
+    def _guarded_step(self) -> None:
+        """One step; an error fails the sequences in it and the loop goes on (or ends, see below)."""
+        try:
+            self._step()
+        except Exception as exc:  # noqa: BLE001 - contained to the sequences of this step
+            self._step_failures += 1
+            self.stats.step_failures_total += 1
+            victims = [s for s in self._in_step if s in self._active] or list(self._active)
+            log.exception("edge step failed (%d sequences in it, failure %d in a row)", len(victims), self._step_failures)
+            for seq in victims:
+                seq.deliver(EngineFailure(f"the edge engine failed while generating this answer ({type(exc).__name__}); retry", retry_after=1))
+                # NOTE: an error here (the context is broken) ends the thread: the supervisor restarts it
+                self._release(seq, keep_prefix=False)
+            if self._step_failures >= MAX_STEP_FAILURES:
+                raise RuntimeError(f"{self._step_failures} edge steps failed in a row; restarting the context") from exc
+        else:
+            self._step_failures = 0
+        finally:
+            self._in_step = []
 
     def _drop_waiting(self, seq: Sequence) -> None:
         before = len(self._waiting)
@@ -171,7 +225,7 @@ class Scheduler:
         heapq.heapify(self._waiting)
         for _, _, seq in expired:
             self.stats.rejected_total += 1
-            seq.deliver(Overloaded("the edge engine is busy: no KV cells freed up in time", retry_after=self._retry_after(len(self._waiting))))
+            seq.deliver(EngineBusy("the edge engine is busy: no KV cells freed up in time", retry_after=self._retry_after(len(self._waiting))))
 
     def _admit(self) -> None:
         assert self.ctx is not None
@@ -180,7 +234,7 @@ class Scheduler:
                 if not self._waiting:
                     return
                 seq = self._waiting[0][2]
-            source, shared = self._best_prefix(seq.prompt)
+            source, shared = self._best_prefix(seq.prompt, seq.scope)
             borrowed = shared if isinstance(source, PrefixEntry) else 0
             need = len(seq.prompt) - borrowed + seq.max_new
             if not self._make_room(need, keep=source if isinstance(source, PrefixEntry) else None):
@@ -199,20 +253,26 @@ class Scheduler:
             seq.tokens = list(seq.prompt[: seq.n_past])
             seq.reserved = need
             self._reserved += need
-            seq.sampler = build_sampler(seq.params, self.settings.seed)
-            seq.stop = StopMatcher(list(seq.params.stop))
             self._active.append(seq)
+            try:
+                seq.sampler = build_sampler(seq.params, self.settings.seed, self.model.n_vocab)
+                seq.stop = StopMatcher(list(seq.params.stop))
+            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                log.exception("could not set up sampling for an edge request")
+                seq.deliver(EngineFailure(f"the edge engine could not set up sampling for this request: {exc}"))
+                self._release(seq, keep_prefix=False)
+                continue
             self.stats.requests_total += 1
             self.stats.cached_tokens_total += seq.cached
 
-    def _best_prefix(self, prompt: list[int]) -> tuple[PrefixEntry | Sequence | None, int]:
+    def _best_prefix(self, prompt: list[int], scope: str) -> tuple[PrefixEntry | Sequence | None, int]:
         best: PrefixEntry | Sequence | None = None
         best_len = 0
         if not self.settings.prefix_reuse:
             return None, 0
         candidates: list[tuple[PrefixEntry | Sequence, list[int], int]] = [
-            (p, p.tokens, len(p.tokens)) for p in self._prefixes
-        ] + [(s, s.tokens, s.n_past) for s in self._active]
+            (p, p.tokens, len(p.tokens)) for p in self._prefixes if p.scope == scope
+        ] + [(s, s.tokens, s.n_past) for s in self._active if s.scope == scope]
         best_cells = 0
         for source, tokens, limit in candidates:
             n = _common_prefix(tokens, prompt, limit)
@@ -366,6 +426,7 @@ class Scheduler:
         # NOTE: llama.cpp packs a step into one pass only over ascending, consecutive sequence
         # ids (one KV stream each); any other order costs an extra pass over the weights.
         parts.sort(key=lambda part: part[0].seq_id)
+        self._in_step = [seq for seq, _ in parts]
         entries: list[BatchEntry] = []
         rows: list[tuple[Sequence, int]] = []
         for seq, part in parts:
@@ -399,7 +460,7 @@ class Scheduler:
         # sequence so the others keep their cells, and report any other code as overload.
         log.error("llama_decode returned %d with %d active sequences", rc, len(self._active))
         victim = max(self._active, key=lambda s: s.order)
-        victim.deliver(Overloaded(f"the edge engine could not decode (llama_decode={rc}); retry later", retry_after=2))
+        victim.deliver(EngineBusy(f"the edge engine could not decode (llama_decode={rc}); retry later", retry_after=2))
         self._release(victim, keep_prefix=False)
 
     def _on_token(self, seq: Sequence, token: int, now: float) -> None:
@@ -453,7 +514,7 @@ class Scheduler:
         n = len(seq.prompt)
         if not self.settings.prefix_reuse or self.settings.prefix_slots == 0 or n < self.settings.min_prefix_tokens:
             return
-        if any(_common_prefix(p.tokens, seq.prompt, n) == n for p in self._prefixes):
+        if any(p.scope == seq.scope and _common_prefix(p.tokens, seq.prompt, n) == n for p in self._prefixes):
             return
         if not self._prefix_ids:
             idle = [p for p in self._prefixes if p.refs == 0]
@@ -462,23 +523,30 @@ class Scheduler:
             self._evict(min(idle, key=lambda p: p.last_used))
         if not self.ctx.per_sequence_streams and self._reserved - seq.reserved + n > self.ctx.n_ctx:
             return
-        entry = PrefixEntry(seq_id=self._prefix_ids.pop(), tokens=list(seq.prompt), last_used=time.perf_counter())
+        entry = PrefixEntry(
+            seq_id=self._prefix_ids.pop(), tokens=list(seq.prompt), scope=seq.scope, last_used=time.perf_counter()
+        )
         self.ctx.copy_prefix(seq.seq_id, entry.seq_id, n)
         self._prefixes.append(entry)
         self._reserved += n
 
     def _shutdown(self) -> None:
+        """Refuses new work, fails every request held, then frees the context (never the model)."""
         with self._cond:
+            self._stopping = True  # submit() refuses from here on
             waiting = [w[2] for w in self._waiting]
             self._waiting = []
+        reason = "the edge engine shut down" if self.failure is None else "the edge engine failed and is restarting"
         for seq in waiting + list(self._active):
-            seq.deliver(Overloaded("the edge engine shut down", retry_after=5))
+            seq.deliver(EngineBusy(f"{reason}; retry", retry_after=1 if self.failure is not None else 5))
         for seq in list(self._active):
-            self._release(seq, keep_prefix=False)
+            try:
+                self._release(seq, keep_prefix=False)
+            except Exception:  # noqa: BLE001 - the context is freed below anyway
+                log.exception("releasing a sequence at shutdown failed")
+        self._active = []
         if self.ctx is not None:
             self.ctx.close()
-        if self.model is not None:
-            self.model.close()
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

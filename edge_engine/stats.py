@@ -23,6 +23,8 @@ class EngineStats:
     cached_tokens_total: int = 0
     requests_total: int = 0
     rejected_total: int = 0
+    step_failures_total: int = 0  # steps that raised; their sequences were failed
+    restarts_total: int = 0  # schedulers started again after one failed
 
     def record_step(self, n_prefill: int, n_decode: int) -> None:
         with self._lock:
@@ -45,6 +47,8 @@ class EngineStats:
                 "cached_prompt_tokens_total": self.cached_tokens_total,
                 "requests_total": self.requests_total,
                 "rejected_total": self.rejected_total,
+                "step_failures_total": self.step_failures_total,
+                "restarts_total": self.restarts_total,
             }
         span = max(1e-6, min(self.window_s, now - recent[0][0])) if recent else None
         return {

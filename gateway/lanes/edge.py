@@ -8,48 +8,77 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams
+from edge_engine.errors import ContextTooLong, EngineBusy, EngineError, InvalidInput
 from gateway.context import Answer, RequestContext, Usage
-from gateway.errors import InvalidRequest
+from gateway.errors import ContextLengthExceeded, GatewayError, InvalidRequest, Overloaded
+from gateway.protocol import WireRequest
 
 
-def sampling_from_body(body: dict[str, Any]) -> SamplingParams:
-    """Reads the OpenAI sampling fields the engine supports."""
-    stop = body.get("stop")
+def gateway_error(exc: EngineError) -> GatewayError:
+    """The one place engine errors become HTTP errors."""
+    if isinstance(exc, ContextTooLong):
+        return ContextLengthExceeded(exc.message, param=exc.param)
+    if isinstance(exc, InvalidInput):
+        return InvalidRequest(exc.message, param=exc.param)
+    if isinstance(exc, EngineBusy):
+        return Overloaded(exc.message, retry_after=exc.retry_after)
+    # a failed step: the engine recovered, this answer is lost; the client may retry
+    return GatewayError(exc.message, status=500, type="server_error", code="edge_engine_failure", retry_after=exc.retry_after)
+
+
+def sampling_from_request(wire: WireRequest) -> SamplingParams:
+    """The sampling fields the engine supports, from the request as validated on the wire."""
+    if wire.n is not None and wire.n != 1:  # type: ignore[union-attr]
+        raise InvalidRequest("the edge model returns one choice per request", param="n")
+    stop = wire.stop  # type: ignore[union-attr]
     stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if any(not isinstance(s, str) or not s for s in stops):
+    if any(not s for s in stops):
         raise InvalidRequest("stop must be a non-empty string or a list of them", param="stop")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return SamplingParams(
-        max_tokens=None if max_tokens is None else int(max_tokens),
-        temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
-        top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-        top_k=int(body.get("top_k") or 0),
-        repeat_penalty=float(body.get("repeat_penalty") or 1.0),
-        presence_penalty=float(body.get("presence_penalty") or 0.0),
-        frequency_penalty=float(body.get("frequency_penalty") or 0.0),
-        seed=body.get("seed"),
+        max_tokens=wire.output_limit,  # type: ignore[union-attr]
+        temperature=1.0 if wire.temperature is None else wire.temperature,  # type: ignore[union-attr]
+        top_p=1.0 if wire.top_p is None else wire.top_p,  # type: ignore[union-attr]
+        top_k=wire.top_k or 0,  # type: ignore[union-attr]
+        repeat_penalty=wire.repeat_penalty or 1.0,  # type: ignore[union-attr]
+        presence_penalty=wire.presence_penalty or 0.0,  # type: ignore[union-attr]
+        frequency_penalty=wire.frequency_penalty or 0.0,  # type: ignore[union-attr]
+        seed=wire.seed,  # type: ignore[union-attr]
         stop=stops,
     )
 
 
+def prefix_scope(ctx: RequestContext) -> str:
+    """Whose KV cells a request may reuse: its tenant's only (see edge_engine.events.Sequence.scope)."""
+    return ctx.principal.tenant
+
+
 async def answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
     """Runs the request on the engine; errors before the first token raise here, not in the stream."""
+    try:
+        return await _answer(engine, ctx)
+    except EngineError as exc:
+        raise gateway_error(exc) from None
+
+
+async def _answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
     body = ctx.body
-    if int(body.get("n") or 1) != 1:
-        raise InvalidRequest("the edge model returns one choice per request", param="n")
+    assert ctx.request is not None, "the route handler validates the request first"
+    params = sampling_from_request(ctx.request)
     chat = ctx.operation == "chat"
     priority = Priority.BATCH if (ctx.header("x-tierlane-priority") or "").lower() == "batch" else Priority.INTERACTIVE
     started = time.perf_counter()
     generation = await engine.submit(
         messages=body.get("messages") if chat else None,
         prompt=None if chat else body.get("prompt"),
-        params=sampling_from_body(body),
+        params=params,
         priority=priority,
+        scope=prefix_scope(ctx),
     )
     try:
         first = await generation.__anext__()
     except BaseException:
         generation.cancel()
+        ctx.lane_seconds = time.perf_counter() - started  # the lane worked on it (metered as such)
         raise
     ctx.first_token_at = time.perf_counter()
     shape = _Shape(chat=chat, model=engine.model_name, created=int(time.time()))
@@ -61,8 +90,7 @@ async def answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
             last = event
         _finish(ctx, last, started)
         return Answer(lane="edge", body=shape.body("".join(text), last))
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return Answer(lane="edge", chunks=_stream(generation, first, shape, ctx, started, include_usage))
+    return Answer(lane="edge", chunks=_stream(generation, first, shape, ctx, started, ctx.request.include_usage))
 
 
 async def _stream(
@@ -81,7 +109,10 @@ async def _stream(
             yield shape.chunk(shape.delta(event.text), event.finish_reason)
             if event.finish_reason is not None:
                 break
-            event = await generation.__anext__()
+            try:
+                event = await generation.__anext__()
+            except EngineError as exc:
+                raise gateway_error(exc) from None
         _finish(ctx, event, started)
         if include_usage:
             yield {**shape.chunk(None, None), "choices": [], "usage": _usage(event).to_openai()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from gateway.context import Answer, RequestContext, RouteDecision
 from gateway.errors import InvalidRequest, PermissionDenied, UpstreamUnavailable
+from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.router.features import Prompt, last_user_text
 from policies.router.model import Router
@@ -41,6 +43,7 @@ class RouteStage:
     """Decides edge vs upstream from the router score and the tenant/app policy."""
 
     name = "route"
+    operations = TEXT_OPERATIONS
 
     def __init__(
         self,
@@ -48,7 +51,7 @@ class RouteStage:
         router: Router,
         policy: RoutePolicy,
         embedder: Any,
-        edge_available: bool,
+        edge_available: bool | Callable[[], bool],
         upstream_available: bool,
         pool_names: list[str],
         edge_model: str | None,
@@ -65,7 +68,11 @@ class RouteStage:
         self._fallback_encoder: Any = None
 
     def available(self, lane: str) -> bool:
-        return self.edge_available if lane == "edge" else self.upstream_available
+        if lane != "edge":
+            return self.upstream_available
+        edge = self.edge_available
+        # NOTE: asked per request: an edge engine that is restarting after a failure is routed around
+        return edge() if callable(edge) else edge
 
     async def run(self, ctx: RequestContext) -> Answer | None:
         if ctx.operation == "embeddings":
@@ -190,6 +197,12 @@ class RouteStage:
             attrs["tierlane.route.precision"] = target.precision
 
 
+def _engine_up(engine: Any) -> bool | Callable[[], bool]:
+    if engine is None:
+        return False
+    return lambda: bool(getattr(engine, "available", True))
+
+
 def build(services: Services) -> RouteStage | None:
     """The route stage, or None when the router is switched off in policy."""
     section = services.policy.section("router")
@@ -203,7 +216,7 @@ def build(services: Services) -> RouteStage | None:
         router=router,
         policy=RoutePolicy(services.policy, router),
         embedder=services.embedder,
-        edge_available=services.engine is not None,
+        edge_available=_engine_up(services.engine),
         upstream_available=has_upstreams,
         pool_names=list(pool.pool_names()) if has_upstreams else [],
         edge_model=getattr(edge_settings, "model_name", None),

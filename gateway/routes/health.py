@@ -20,7 +20,10 @@ async def readyz(request: web.Request) -> web.Response:
             checks["upstreams"] = services.pool.status()
             ready = ready and services.pool.healthy()
         if services.engine is not None:
-            checks["edge"] = "loaded"
+            edge_up = bool(services.engine.available)
+            checks["edge"] = "loaded" if edge_up else "restarting"
+            # a restarting edge is routed around; with no upstream to take over, the gateway is not ready
+            ready = ready and (edge_up or services.pool.healthy())
         if services.embedder is not None:
             # "torch" here means the ONNX export could not run; the log says why.
             checks["embedder"] = services.embedder.backend_name

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from edge_engine import GenerationEvent, SamplingParams
-from gateway.errors import ContextLengthExceeded, Overloaded
+from edge_engine.errors import ContextTooLong, EngineBusy
 
 pytestmark = pytest.mark.slow
 
@@ -112,9 +112,9 @@ def test_stop_sequence_cuts_the_text_and_reports_stop(runner) -> None:
 
 
 def test_prompt_longer_than_the_context_is_a_400(runner) -> None:
-    with pytest.raises(ContextLengthExceeded) as err:
+    with pytest.raises(ContextTooLong) as err:
         runner.run(collect(runner.engine, "word " * 2000))
-    assert err.value.status == 400 and err.value.code == "context_length_exceeded" and err.value.param == "messages"
+    assert err.value.param == "messages" and "maximum context length" in err.value.message
 
 
 def test_cancel_frees_the_slot_and_kv_cells(runner) -> None:
@@ -138,7 +138,7 @@ def test_full_queue_gets_503_with_retry_after(runner) -> None:
         params = SamplingParams(temperature=0, max_tokens=400)
         # 8 slots of 1024 cells: long reservations leave later requests queued
         gens = [await runner.engine.submit(prompt="Once upon a time", params=params) for _ in range(2)]
-        with pytest.raises(Overloaded) as err:
+        with pytest.raises(EngineBusy) as err:
             for _ in range(16):
                 gens.append(await runner.engine.submit(prompt="Once upon a time", params=params))
         for g in gens:
@@ -146,7 +146,7 @@ def test_full_queue_gets_503_with_retry_after(runner) -> None:
         return err.value
 
     err = runner.run(scenario())
-    assert err.status == 503 and "Retry-After" in err.headers()
+    assert err.retry_after is not None and err.retry_after >= 1
 
 
 def test_prompt_steps_are_calibrated_once_within_the_chunk_cap(runner, reuse_runner) -> None:
@@ -213,3 +213,37 @@ def test_a_running_stream_keeps_getting_tokens_while_a_long_prompt_is_ingested(r
     assert prompt_tokens > 3 * per_step, "the long prompt must need several prompt steps"
     # decode_gap_ms bounds how long running streams wait while prompts are ingested
     assert during >= 4, during
+
+
+def test_prefix_reuse_never_crosses_scopes(reuse_runner) -> None:
+    """A shared prefix shows in cached tokens and in TTFT: one tenant must not learn another's prompt."""
+    engine = reuse_runner.engine
+    secret = "My account number is 4411-2233-9988 and my password is hunter2; please summarise. " * 2
+
+    async def ask(scope: str, text: str) -> int:
+        last = None
+        async for event in engine.generate(
+            messages=[{"role": "user", "content": text}], params=SamplingParams(temperature=0, max_tokens=2), scope=scope
+        ):
+            last = event
+        assert last is not None
+        return last.cached_tokens
+
+    reuse_runner.run(ask("tenant-a", secret))
+    guess = reuse_runner.run(ask("tenant-b", secret))  # an exact guess by another tenant
+    again = reuse_runner.run(ask("tenant-a", secret))  # the owner still reuses its own prefix
+    unrelated = reuse_runner.run(ask("tenant-c", "Tell me about the weather on Mars today, please."))
+    assert guess == unrelated == 0  # not even the chat template's system prompt is shared
+    assert again > 20
+
+
+def test_penalties_run_and_change_a_greedy_answer(runner) -> None:
+    prompt = "Write the word 'classic' twenty times, separated by commas."
+    plain, _ = runner.run(collect(runner.engine, prompt, max_tokens=24))
+    penalised, last = runner.run(
+        collect(runner.engine, prompt, max_tokens=24, repeat_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0)
+    )
+    assert last.completion_tokens > 0
+    assert penalised != plain
+    # the engine goes on serving after requests with penalties
+    assert runner.run(collect(runner.engine, prompt, max_tokens=24))[0] == plain
