@@ -6,12 +6,21 @@ this gateway does not know about pass through untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from gateway.errors import InvalidRequest
+
+# NOTE: the wire is validated strictly, once: `"stream": "false"` or `"seed": "12"` is a 400
+# naming the parameter, never a value coerced differently by each stage that reads it. Stages
+# read the validated model kept on the context (ctx.request), not the raw body.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+MAX_TOKENS = 2**31 - 1
+# Deeper bodies are refused before any stage walks them: hashing (orjson stops at 255 levels)
+# and copying them would fail, and no OpenAI request needs more.
+MAX_DEPTH = 64
 
 
 class _Open(BaseModel):
@@ -19,15 +28,22 @@ class _Open(BaseModel):
 
 
 class ContentPart(_Open):
-    type: str
+    type: StrictStr
+    text: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _text_part(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text content part needs a string `text`")
+        return self
 
 
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: StrictStr | None = None
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
@@ -37,23 +53,28 @@ class ChatMessage(_Open):
 
 
 class StreamOptions(_Open):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 class _Sampling(_Open):
-    model: str = Field(min_length=1)
-    stream: bool = False
+    model: StrictStr = Field(min_length=1)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    user: str | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, ge=0, le=1)
+    n: StrictInt | None = Field(None, ge=1)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64)
+    presence_penalty: Number | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Number | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Number] | None = None
+    user: StrictStr | None = None
+    # Sampling extensions of vLLM and llama.cpp's server; the edge engine reads these too.
+    top_k: StrictInt | None = Field(None, ge=-1)
+    min_p: Number | None = Field(None, ge=0, le=1)
+    repeat_penalty: Number | None = Field(None, gt=0, le=10)
 
     @model_validator(mode="after")
     def _stop_list(self) -> _Sampling:
@@ -61,31 +82,56 @@ class _Sampling(_Open):
             raise ValueError("at most 4 stop sequences")
         return self
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (`stream_options.include_usage`)."""
+        return bool(self.stream_options is not None and self.stream_options.include_usage)
+
+    @property
+    def output_limit(self) -> int | None:
+        """The most completion tokens asked for (`max_completion_tokens` wins over `max_tokens`)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool | None = None
-    best_of: int | None = Field(None, ge=1)
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)
 
 
 class EmbeddingRequest(_Open):
-    model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
+    model: StrictStr = Field(min_length=1)
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: StrictInt | None = Field(None, ge=1)
+    user: StrictStr | None = None
+
+    @property
+    def stream(self) -> bool:
+        return False
 
 
-_MODELS: dict[str, type[_Open]] = {
+WireRequest = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+
+
+_MODELS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest] | type[EmbeddingRequest]] = {
     "chat": ChatCompletionRequest,
     "completions": CompletionRequest,
     "embeddings": EmbeddingRequest,
 }
+
+
+# The names pydantic gives the branches of a union in an error location (not request fields).
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "is-instance", "json-or-python", "lax-or-strict"})
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -93,7 +139,9 @@ def _param(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not part.startswith(("function-", "list[", "str", "int")) and "[" not in part:
+        elif part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-")):
+            continue
+        else:
             out += f".{part}" if out else part
     return out
 
@@ -110,15 +158,33 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    if _too_deep(body, MAX_DEPTH):
+        raise InvalidRequest(f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
     return body
 
 
-def validate(operation: str, body: dict[str, Any], *, max_n: int) -> None:
-    """Check `body` against the wire model of `operation`; raise InvalidRequest with `param`."""
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether JSON containers nest more than `limit` levels (iterative: no recursion limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def validate(operation: str, body: dict[str, Any], *, max_n: int) -> WireRequest:
+    """The validated wire model of `body` for `operation`; raises InvalidRequest with `param`."""
     try:
         model = _MODELS[operation].model_validate(body)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        # of a union's branches, the one that got furthest into the value says the most
+        first = max(errors, key=lambda e: len(e["loc"]))
         param = _param(tuple(first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         raise InvalidRequest(
@@ -129,3 +195,4 @@ def validate(operation: str, body: dict[str, Any], *, max_n: int) -> None:
     n = getattr(model, "n", None)
     if n is not None and n > max_n:
         raise InvalidRequest(f"'n' must be at most {max_n}", param="n", code="invalid_value")
+    return model

@@ -52,7 +52,10 @@ def answer_headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> 
 
 
 def _finish_reasons(body: dict[str, Any]) -> list[str]:
-    return [c.get("finish_reason") for c in body.get("choices") or () if c.get("finish_reason")]
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c["finish_reason"] for c in choices if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
 
 
 async def deliver(request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline) -> web.StreamResponse:

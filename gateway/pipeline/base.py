@@ -15,11 +15,16 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 
+TEXT_OPERATIONS = frozenset({"chat", "completions"})
+ALL_OPERATIONS = frozenset({"chat", "completions", "embeddings"})
+
+
 @runtime_checkable
 class Stage(Protocol):
     """Reads and rewrites the context; returns an Answer to stop the pipeline early."""
 
     name: str
+    operations: frozenset[str]  # the operations (chat, completions, embeddings) it runs for
 
     async def run(self, ctx: RequestContext) -> Answer | None: ...
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import InvalidRequest
+from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.cache.replay import fresh_body, replay_chunks
 from policies.cache.scope import build_key, route_header, wants
@@ -19,22 +20,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _max_output_tokens(body: dict[str, Any]) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequest(f"`{name}` must be a positive integer", param=name)
-        return value
-    return None
-
-
-def _include_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
-
-
 @dataclass(slots=True)
 class CacheLookupStage:
     """Sets ctx.cache_status/key/similarity; on a hit answers with the stored completion."""
@@ -42,6 +27,7 @@ class CacheLookupStage:
     cache: SemanticCache
     embedder: Any = None
     name: str = "cache_lookup"
+    operations = TEXT_OPERATIONS
 
     async def run(self, ctx: RequestContext) -> Answer | None:
         route = route_header(ctx.headers)
@@ -59,7 +45,7 @@ class CacheLookupStage:
             ctx.cache_status = "bypass"
             ctx.attributes["tierlane.cache.bypass_reason"] = "no-cache"
             return None
-        max_tokens = _max_output_tokens(ctx.body)
+        max_tokens = ctx.request.output_limit if ctx.request is not None else None
         # Exact match first: a repeat is answered without computing an embedding at all.
         hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens)
         if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
@@ -80,7 +66,8 @@ class CacheLookupStage:
             "x-tierlane-cache-key": hit.exact_key,
         }
         if ctx.stream:
-            return Answer(lane="cache", chunks=replay_chunks(body, include_usage=_include_usage(ctx.body)), headers=headers)
+            include_usage = ctx.request is not None and ctx.request.include_usage
+            return Answer(lane="cache", chunks=replay_chunks(body, include_usage=include_usage), headers=headers)
         return Answer(lane="cache", body=body, headers=headers)
 
 

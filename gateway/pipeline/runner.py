@@ -33,12 +33,13 @@ class Pipeline:
     async def answer(self, ctx: RequestContext) -> Answer:
         """Walk the stages; the first Answer wins, else the lane chosen on ctx answers."""
         tel = self.services.telemetry
-        if ctx.operation != "embeddings":
-            for stage in self.stages:
-                with _span(tel, "stage_span", ctx, stage.name):
-                    early = await stage.run(ctx)
-                if early is not None:
-                    return early
+        for stage in self.stages:
+            if ctx.operation not in stage.operations:
+                continue
+            with _span(tel, "stage_span", ctx, stage.name):
+                early = await stage.run(ctx)
+            if early is not None:
+                return early
         if tel is None:
             return await self._execute(ctx)
         # The model span stays open past this method: a stream's usage and duration are only
@@ -64,7 +65,14 @@ class Pipeline:
         return await upstream_lane.answer(self.services.pool, ctx, inject_trace=inject, estimate=estimate)
 
     def complete(self, ctx: RequestContext, outcome: Outcome) -> None:
-        """Close the model span and run the hooks off the response path; drained on shutdown."""
+        """Close the model span and run the hooks off the response path; drained on shutdown.
+
+        Idempotent: only the first call for a request counts, so every request that entered the
+        pipeline is metered (and its budget reservation settled) exactly once.
+        """
+        if ctx.completed:
+            return
+        ctx.completed = True
         span, ctx.model_span = ctx.model_span, None
         if span is not None:
             span.set_response(outcome.response)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.context import RequestContext
+from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.services import Services
 from policies.policy import Policy
 from policies.trim import LOSSLESS_PASSES, TrimPolicy, TrimResult, trim_request
@@ -36,6 +37,7 @@ class TrimStage:
     policy: Policy
     count_tokens: Callable[[str], int] | None  # the edge lane's tokenizer; other lanes are estimated
     name: str = "trim"
+    operations = TEXT_OPERATIONS
     # Parsed policies per (tenant, app, model): resolving and parsing once, not per request.
     _parsed: dict[tuple[str, str, str], TrimPolicy] = field(default_factory=dict)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+import zlib
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from gateway import protocol
 from gateway.context import Operation, Outcome, RequestContext
-from gateway.errors import GatewayError, PayloadTooLarge
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, render_unexpected
 from gateway.keys import CONTEXT, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, RESOLVER, SETTINGS
 from gateway.respond import deliver
 
@@ -20,32 +24,50 @@ async def _read(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes") from None
+    except (web.HTTPException, RequestPayloadError, HttpProcessingError, ClientPayloadError, zlib.error, ValueError, EOFError) as exc:
+        # NOTE: aiohttp inflates gzip/deflate bodies while reading; garbage raises from deep
+        # inside the decompressor (a 500 before) or as its own plain-text 400.
+        encoding = request.headers.get("Content-Encoding", "identity")
+        raise InvalidRequest(
+            f"the request body could not be read as Content-Encoding {encoding!r}: {exc}",
+            code="invalid_body_encoding",
+        ) from None
 
 
 async def _handle(request: web.Request, operation: Operation) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
     body = protocol.parse_body(await _read(request, settings.server.max_body_bytes))
-    protocol.validate(operation, body, max_n=settings.server.max_n)
+    wire = protocol.validate(operation, body, max_n=settings.server.max_n)
     ctx = RequestContext(
         request_id=request[REQUEST_ID],
         operation=operation,
         body=body,
         headers=request.headers,
         principal=request[PRINCIPAL],
-        model=body["model"],
-        stream=bool(body.get("stream")) and operation != "embeddings",
+        model=wire.model,
+        stream=wire.stream,
         received_at=request[RECEIVED_AT],
+        request=wire,
     )
     request[CONTEXT] = ctx
-    app[RESOLVER].resolve(ctx)
     pipeline = app[PIPELINE]
+    # NOTE: from here every way out (an answer, an error, a client gone, a bug) completes the
+    # request exactly once: one ledger row, and the budget reservation settled or released.
     try:
+        app[RESOLVER].resolve(ctx)
         answer = await pipeline.answer(ctx)
+        return await deliver(request, ctx, answer, pipeline)
     except GatewayError as exc:
         pipeline.complete(ctx, Outcome(status=exc.status, response=None, complete=False, error_code=exc.code or exc.type))
         raise
-    return await deliver(request, ctx, answer, pipeline)
+    except (asyncio.CancelledError, ConnectionError):
+        pipeline.complete(ctx, Outcome(status=499, response=None, complete=False, error_code="client_closed_request"))
+        raise
+    except Exception as exc:
+        err = render_unexpected(exc)
+        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
+        raise
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
