@@ -3,6 +3,12 @@
 Requests and tokens per minute are in-process sliding windows; daily and monthly spend are
 running UTC totals, restored from the ledger at start. Everything here runs on the event loop
 (no locks: each call is a few dictionary and arithmetic steps and never awaits).
+
+Spend is reserved, not hoped for: admission holds an estimate of what the request can cost
+(prompt and the most completion tokens it may produce, at its lane's price) and refuses once
+spent + held reaches the limit; completion replaces the hold by the actual cost. So concurrent
+requests cannot all pass a check that only saw settled spend, and a limit is passed by at most
+one request's reservation. What a request holds is keyed by an id the gateway generates.
 """
 
 from __future__ import annotations
@@ -13,10 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.context import RequestContext
 from gateway.errors import BudgetExceeded, RateLimited
 from policies.policy import Policy
-from policies.pricing import Pricing
 
 WINDOW_S = 60.0
 # Requests admitted but never settled (a hook that did not run) are forgotten after this long.
@@ -54,6 +58,11 @@ class Limits:
             and self.daily_spend_usd is None
             and self.monthly_spend_usd is None
         )
+
+
+def _money(amount: float) -> float:
+    """A held amount after subtraction: float residue below a billionth of a cent is zero."""
+    return amount if amount > 1e-12 else 0.0
 
 
 def _limit(value: Any, where: str, kind: type) -> Any:
@@ -118,6 +127,7 @@ class _Counters:
     day_spend: float = 0.0
     month: str = ""
     month_spend: float = 0.0
+    held: float = 0.0  # USD reserved by requests in flight and not yet charged
 
     def spend(self, day: str, amount: float) -> None:
         self.roll(day)
@@ -133,12 +143,17 @@ class _Counters:
 
 @dataclass(slots=True)
 class _Open:
-    """What a request has been charged so far, before its final usage is known."""
+    """What a request holds and has been charged so far, before its final usage is known."""
 
     scopes: tuple[tuple[_Counters, Limits, str], ...]
     admitted: float
     tokens: float = 0.0
-    cost: float = 0.0
+    cost: float = 0.0  # charged so far (streams are charged as they produce tokens)
+    reserved: float = 0.0  # USD held at admission
+
+    def held(self) -> float:
+        """The part of the reservation that charges have not yet used up."""
+        return max(0.0, self.reserved - self.cost)
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,15 +172,18 @@ class Budgets:
     def __init__(
         self,
         policy: Policy,
-        pricing: Pricing,
         *,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         section = policy.section("budgets")
         self.enabled = bool(section.get("enabled", True))
+        reserve = section.get("reserve_output_tokens", 1024)
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise ValueError(f"budgets.reserve_output_tokens must be a non-negative integer, got {reserve!r}")
+        # completion tokens held for a request that sets no max_tokens
+        self.reserve_output_tokens = reserve
         self._policy = policy
-        self._pricing = pricing
         self._monotonic = monotonic
         self._wall = wall
         self._limits: dict[tuple[str, str], tuple[Limits, Limits]] = {}
@@ -207,11 +225,13 @@ class Budgets:
                 if row.day == today:
                     counters.day_spend += row.cost
 
-    def admit(self, ctx: RequestContext, estimated_tokens: int) -> None:
-        """Count the request, or raise RateLimited / BudgetExceeded without counting anything."""
+    def admit(self, key: str, tenant: str, app: str, tokens: int, reserve_usd: float = 0.0) -> None:
+        """Count the request and hold `reserve_usd`, or raise RateLimited / BudgetExceeded without counting.
+
+        `key` identifies the request until `settle`; `tokens` is its estimated input.
+        """
         if not self.enabled:
             return
-        tenant, app = ctx.principal.tenant, ctx.principal.app
         tenant_limits, app_limits = self.limits(tenant, app)
         scopes: list[tuple[_Counters, Limits, str]] = []
         if not tenant_limits.unlimited:
@@ -222,47 +242,62 @@ class Budgets:
             return
         now, day = self._monotonic(), self._today()
         for counters, limits, who in scopes:
-            self._check(counters, limits, who, now, day, estimated_tokens)
+            self._check(counters, limits, who, now, day, tokens)
+        reserve = reserve_usd if reserve_usd > 0.0 else 0.0
         for counters, _, _ in scopes:
             counters.requests.add(now, 1)
-            counters.tokens.add(now, estimated_tokens)
+            counters.tokens.add(now, tokens)
+            counters.held += reserve
         if len(self._open) >= OPEN_SWEEP_AT:
             self._sweep(now)
-        self._open[ctx.request_id] = _Open(
-            scopes=tuple(scopes),
-            admitted=now,
-            tokens=float(estimated_tokens),
-        )
+        stale = self._open.pop(key, None)
+        if stale is not None:  # a key used twice: release the first hold rather than leak it
+            self._release(stale)
+        self._open[key] = _Open(scopes=tuple(scopes), admitted=now, tokens=float(tokens), reserved=reserve)
 
-    def charge_stream(self, ctx: RequestContext, tokens: int) -> bool:
-        """Charge `tokens` newly produced by a stream; False when the caller is now over a limit."""
-        return self.stream_breach(ctx, tokens) is None
-
-    def stream_breach(self, ctx: RequestContext, tokens: int) -> RateLimited | None:
-        """Charge `tokens` newly produced by a stream; the error to end it with when over a limit."""
-        held = self._open.get(ctx.request_id)
+    def stream_breach(self, key: str, tokens: int, cost: float) -> RateLimited | None:
+        """Charge `tokens` (costing `cost`) newly produced by a stream; the error to end it with when over a limit."""
+        held = self._open.get(key)
         if held is None or tokens <= 0:
             return None
         now, day = self._monotonic(), self._today()
-        cost = self._output_price(ctx) * tokens
+        cost = cost if cost > 0.0 else 0.0
+        before = held.held()
         held.tokens += tokens
         held.cost += cost
+        freed = before - held.held()
         breach: RateLimited | None = None
         for counters, limits, who in held.scopes:
             counters.tokens.add(now, tokens)
             counters.spend(day, cost)
+            counters.held = _money(counters.held - freed)
             breach = breach or self._breach(counters, limits, who, now)
         return breach
 
-    def settle(self, ctx: RequestContext, tokens: int, cost: float) -> None:
-        """Replace what the request was charged so far by its final tokens and cost."""
-        held = self._open.pop(ctx.request_id, None)
+    def settle(self, key: str, tokens: int, cost: float) -> None:
+        """Replace what the request held and was charged so far by its final tokens and cost."""
+        held = self._open.pop(key, None)
         if held is None:
             return
         now, day = self._monotonic(), self._today()
+        cost = cost if cost > 0.0 else 0.0
         for counters, _, _ in held.scopes:
             counters.tokens.add(now, tokens - held.tokens)
             counters.spend(day, cost - held.cost)
+        self._release(held)
+
+    def held(self, tenant: str, app: str | None = None) -> float:
+        """USD currently reserved by requests in flight for a tenant, or one of its apps."""
+        counters = self._tenants.get(tenant) if app is None else self._apps.get((tenant, app))
+        return 0.0 if counters is None else counters.held
+
+    def in_flight(self) -> int:
+        return len(self._open)
+
+    def _release(self, held: _Open) -> None:
+        left = held.held()
+        for counters, _, _ in held.scopes:
+            counters.held = _money(counters.held - left)
 
     def spend(self, tenant: str, app: str | None = None) -> tuple[float, float]:
         """(today, this month) in USD for a tenant, or one of its apps; only scopes that have limits."""
@@ -297,12 +332,13 @@ class Budgets:
                     retry_after=counters.tokens.retry_after(now, used + tokens - limits.tokens_per_minute),
                 )
         counters.roll(day)
-        if limits.daily_spend_usd is not None and counters.day_spend >= limits.daily_spend_usd:
+        if limits.daily_spend_usd is not None and counters.day_spend + counters.held >= limits.daily_spend_usd:
             raise BudgetExceeded(
-                f"daily spend budget of ${limits.daily_spend_usd:.2f} reached for {who}",
-                retry_after=self._until_next_day(),
+                f"daily spend budget of ${limits.daily_spend_usd:.2f} reached for {who}"
+                + (" (with what requests in flight have reserved)" if counters.held else ""),
+                retry_after=self._until_next_day() if counters.day_spend >= limits.daily_spend_usd else 1.0,
             )
-        if limits.monthly_spend_usd is not None and counters.month_spend >= limits.monthly_spend_usd:
+        if limits.monthly_spend_usd is not None and counters.month_spend + counters.held >= limits.monthly_spend_usd:
             raise BudgetExceeded(
                 f"monthly spend budget of ${limits.monthly_spend_usd:.2f} reached for {who}",
                 retry_after=self._until_next_month(),
@@ -329,13 +365,6 @@ class Budgets:
             )
         return None
 
-    def _output_price(self, ctx: RequestContext) -> float:
-        """USD per output token of the lane answering ctx."""
-        if ctx.lane == "cache":
-            return 0.0
-        price = self._pricing.edge if ctx.lane == "edge" else self._pricing.upstream(ctx.target_model or ctx.model)
-        return price.output / 1_000_000.0
-
     def _tenant(self, tenant: str) -> _Counters:
         found = self._tenants.get(tenant)
         if found is None:
@@ -351,7 +380,7 @@ class Budgets:
     def _sweep(self, now: float) -> None:
         stale = [rid for rid, held in self._open.items() if now - held.admitted > OPEN_TTL_S]
         for rid in stale:
-            del self._open[rid]
+            self._release(self._open.pop(rid))
 
     def _utc(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self._wall(), dt.UTC)

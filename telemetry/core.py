@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -16,7 +17,7 @@ from gateway.context import Outcome, RequestContext, Usage
 from gateway.errors import GatewayError, RateLimited
 from policies.budgets import Budgets, SpendRow
 from policies.policy import Policy
-from policies.pricing import Pricing
+from policies.pricing import Pricing, TokenPrice
 from telemetry import attributes as a
 from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
@@ -33,6 +34,7 @@ from telemetry.tokens import (
     estimate_usage,
     heuristic_count,
     load_local_tokenizer,
+    prompt_texts,
     resolve_usage,
 )
 from telemetry.usage import UsageQuery, run_query
@@ -57,7 +59,7 @@ class Telemetry:
     ) -> None:
         self.config = config
         self.pricing = Pricing.from_policy(policy)
-        self.budgets = Budgets(policy, self.pricing, monotonic=monotonic, wall=wall)
+        self.budgets = Budgets(policy, monotonic=monotonic, wall=wall)
         self.budgets.enabled = self.budgets.enabled and config.metering
         self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s)
         self.bounds = LabelBounds(config.tenants, config.apps, {*self.pricing.known, *config.models})
@@ -76,7 +78,11 @@ class Telemetry:
             upstream_provider=config.upstream_provider,
         )
         self.otel = OtelMetrics(mp.get_meter("tierlane")) if mp is not None else None
-        self.prometheus = PromMetrics(ledger_pending=self.ledger.pending) if config.metrics else None
+        self.prometheus = (
+            PromMetrics(ledger_pending=self.ledger.pending, ledger_failed=lambda: self.ledger.failed)
+            if config.metrics
+            else None
+        )
         self._count: TokenCount = token_count or heuristic_count
         self._load_tokenizer = token_count is None
         self._wall = wall
@@ -114,11 +120,12 @@ class Telemetry:
     # Budgets ----------------------------------------------------------------------------
 
     def admit(self, ctx: RequestContext) -> None:
-        """Count the request against its limits or raise RateLimited / BudgetExceeded (a 429)."""
+        """Count the request and reserve what it can cost, or raise RateLimited / BudgetExceeded (a 429)."""
         if not self.budgets.enabled:
             return
+        tokens = estimate_request_tokens(ctx.body)
         try:
-            self.budgets.admit(ctx, estimate_request_tokens(ctx.body))
+            self.budgets.admit(ctx.uid, ctx.principal.tenant, ctx.principal.app, tokens, self._reservation(ctx))
         except RateLimited as exc:
             tenant, app = self.bounds.tenant(ctx.principal.tenant), self.bounds.app(ctx.principal.app)
             code = exc.code or "rate_limit_exceeded"
@@ -132,15 +139,34 @@ class Telemetry:
         """A local count of a request and its answer, marked `estimated` (for upstreams that report none)."""
         return estimate_usage(self._count, body, response)
 
-    def charge_stream(self, ctx: RequestContext, tokens: int) -> bool:
-        """Charge tokens a stream just produced; False: over a limit, end the stream with an error."""
-        return self.budgets.charge_stream(ctx, tokens)
+    def _price(self, ctx: RequestContext) -> TokenPrice | None:
+        """The price of the lane answering ctx now (None for a cache hit, which costs no tokens)."""
+        if ctx.lane == "cache":
+            return None
+        return self.pricing.edge if ctx.lane == "edge" else self.pricing.upstream(ctx.target_model)
+
+    def _reservation(self, ctx: RequestContext) -> float:
+        """USD held at admission: the prompt and the most completion tokens the request may produce."""
+        price = self._price(ctx)
+        if price is None:
+            return 0.0
+        wire = ctx.request
+        if ctx.operation == "embeddings" or wire is None:
+            output = 0
+        else:
+            limit = wire.output_limit
+            output = (self.budgets.reserve_output_tokens if limit is None else limit) * (wire.n or 1)
+        return reservation_usd(price, ctx.body, output)
 
     def charge_chunk(self, ctx: RequestContext, chunk: Mapping[str, Any]) -> None:
         """Charge the tokens of one streamed chunk; raises RateLimited/BudgetExceeded to end the stream."""
         if not self.budgets.enabled:
             return
-        breach = self.budgets.stream_breach(ctx, chunk_tokens(chunk))
+        price = self._price(ctx)
+        if price is None:
+            return
+        tokens = chunk_tokens(chunk)
+        breach = self.budgets.stream_breach(ctx.uid, tokens, tokens * price.output / 1_000_000.0)
         if breach is not None:
             raise breach
 
@@ -151,9 +177,13 @@ class Telemetry:
         if not self.config.metering:
             return None
         ended = time.perf_counter()
-        usage = await resolve_usage(ctx, outcome, self._count)
-        bill = compute_bill(ctx, usage, self.pricing)
-        self.budgets.settle(ctx, usage.input_tokens + usage.output_tokens, bill.cost)
+        try:
+            usage = await resolve_usage(ctx, outcome, self._count)
+            bill = compute_bill(ctx, usage, self.pricing)
+        except BaseException:
+            self.budgets.settle(ctx.uid, 0, 0.0)  # never leave a reservation behind
+            raise
+        self.budgets.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
         latency = max(0.0, ended - ctx.received_at)
         ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
         self.ledger.append(self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency))
@@ -272,6 +302,27 @@ class Telemetry:
             (month_start,),
         )
         return [SpendRow(tenant=r["tenant"], app=r["app"], day=r["day"], cost=float(r["cost"] or 0.0)) for r in rows]
+
+
+# Template tokens a chat format may add per message (role markers, separators), and once per
+# request: generous, because a reservation must not be smaller than what the request costs.
+RESERVE_PER_MESSAGE_TOKENS = 16
+
+
+def reservation_usd(price: TokenPrice, body: Mapping[str, Any], output_tokens: int) -> float:
+    """An upper bound of what a request costs: prompt bytes as tokens, plus `output_tokens`.
+
+    NOTE: a byte-level tokenizer never makes more tokens than the text has UTF-8 bytes, so
+    bytes bound the prompt for any model (about 4x the usual count of English text); a
+    heuristic count could come in under the real one, and then concurrent requests could
+    pass a limit by more than one reservation.
+    """
+    texts, messages = prompt_texts(body)
+    tokens = sum(len(t.encode("utf-8")) for t in texts) + (messages + 1) * RESERVE_PER_MESSAGE_TOKENS
+    for schema in ("tools", "functions", "response_format"):  # schemas the model reads as prompt
+        if body.get(schema) is not None:
+            tokens += len(orjson.dumps(body[schema]))
+    return price.input_cost(tokens) + output_tokens * price.output / 1_000_000.0
 
 
 async def build_telemetry(settings: Any, policy: Policy) -> Telemetry:

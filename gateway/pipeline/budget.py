@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.context import Answer, RequestContext
+from gateway.pipeline.base import ALL_OPERATIONS
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -15,6 +16,7 @@ class BudgetStage:
     """Raises RateLimited / BudgetExceeded (429 with Retry-After) when the caller is over a limit."""
 
     name = "budget"
+    operations = ALL_OPERATIONS  # embeddings are budgeted and metered like any other call
 
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
