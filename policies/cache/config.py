@@ -49,7 +49,7 @@ class CacheConfig:
             max_text_chars=int(section.get("max_text_chars", 4000)),
             rules=ScopeRules(
                 max_temperature=float(section.get("max_temperature", 0.7)),
-                scope_params=tuple(str(p) for p in section.get("scope_params") or ()),
+                neutral_params=frozenset(str(p) for p in section.get("neutral_params") or ()),
                 share_across_tenants=bool(section.get("share_across_tenants", False)),
             ),
             verify=VerifyConfig.from_policy(section.get("verify") or {}),

@@ -76,7 +76,10 @@ class ScopeRules:
     """The parts of the cache policy that decide scope and cacheability."""
 
     max_temperature: float
-    scope_params: tuple[str, ...]
+    # NOTE: an allow-list: every request field not named here (and not `messages`) is hashed into
+    # the scope, so a sampling extension the gateway has never heard of (guided_json, min_p, ...)
+    # splits the cache instead of being served an answer made without it.
+    neutral_params: frozenset[str]
     share_across_tenants: bool
 
 
@@ -111,24 +114,26 @@ def build_key(
             text = message_text(message.get("content"), param=f"messages[{index}].content")
             system.append([role, normalise(text) if text is not None else message.get("content")])
         else:
-            history.append({k: v for k, v in message.items() if k != "name" or role != "user"})
+            history.append(dict(message))
     text = message_text(last.get("content"), param=f"messages[{len(messages) - 1}].content")
     if text is None:
         return None, "the last turn carries more than text"
     text = normalise(text)
     if not text:
         return None, "empty last turn"
-    params = {name: body[name] for name in rules.scope_params if body.get(name) is not None}
+    params = {name: value for name, value in body.items() if name not in rules.neutral_params and name != "messages"}
+    last_fields = {k: v for k, v in last.items() if k not in ("role", "content")}  # name, and anything else
     owner = "*" if rules.share_across_tenants else tenant
     scope = _digest(
         {
-            "v": 1,
+            "v": 2,
             "tenant": owner,
             "model": model,
             "route": route or "",
             "system": _digest(system),
             "history": _digest(history),
             "params": params,
+            "last": last_fields,
         }
     )
     exact = hashlib.sha256(f"{scope}\x00{text}".encode()).hexdigest()

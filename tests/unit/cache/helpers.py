@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from gateway import protocol
 from gateway.context import Answer, Outcome, Principal, RequestContext
 from gateway.pipeline.cache_lookup import CacheLookupStage
 from gateway.pipeline.cache_store import CacheStoreHook
@@ -50,6 +51,7 @@ class Flow:
             principal=Principal(tenant=tenant, app="web"),
             model=body.get("model", "auto"),
             stream=bool(body.get("stream")),
+            request=protocol.validate("chat", body, max_n=8),
         )
 
     async def ask(self, body: dict[str, Any], **kw: Any) -> tuple[RequestContext, Answer | None]:

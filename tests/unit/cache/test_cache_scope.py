@@ -35,6 +35,14 @@ async def test_other_tenant_never_hits_even_on_the_exact_text(flow: Flow) -> Non
         (chat(Q), chat(Q, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
         (chat(Q, history=[{"role": "user", "content": "Talk about Austria."},
                           {"role": "assistant", "content": "Sure."}]), chat(Q)),
+        # sampling extensions and fields the gateway does not know are keyed, not ignored
+        (chat(Q), chat(Q, guided_json={"type": "object", "properties": {"city": {"type": "string"}}})),
+        (chat(Q), chat(Q, guided_regex="[A-Z]+")),
+        (chat(Q), chat(Q, top_k=1)),
+        (chat(Q), chat(Q, min_p=0.3)),
+        (chat(Q, temperature=0), chat(Q, temperature=0.6)),
+        (chat(Q), chat(Q, stop=["."])),
+        (chat(Q), chat(Q, some_future_param=True)),
     ],
 )
 async def test_scope_separates(flow: Flow, stored: dict[str, Any], asked: dict[str, Any]) -> None:
@@ -73,3 +81,42 @@ async def test_bad_input_is_an_openai_error(flow: Flow) -> None:
     with pytest.raises(InvalidRequest) as err:
         await flow.ask(chat(Q, max_tokens=0))
     assert err.value.param == "max_tokens"
+
+
+def test_only_neutral_fields_share_a_key() -> None:
+    """The key ignores transport and bookkeeping fields, and keys everything else (fast: no embedder)."""
+    from policies.cache.scope import ScopeRules, build_key
+
+    rules = ScopeRules(
+        max_temperature=0.7,
+        neutral_params=frozenset({"model", "stream", "stream_options", "user", "max_tokens"}),
+        share_across_tenants=False,
+    )
+
+    def key(**extra: Any) -> str:
+        body = {"model": "m", "messages": [{"role": "user", "content": Q}], **extra}
+        built, why = build_key(body, tenant="acme", model="m", route=None, rules=rules)
+        assert built is not None, why
+        return built.exact
+
+    base = key()
+    assert key(stream=True, stream_options={"include_usage": True}, user="u1", max_tokens=50) == base
+    for extra in ({"guided_json": {"type": "object"}}, {"top_k": 5}, {"x_vendor_mode": "strict"}, {"temperature": 0.2}):
+        assert key(**extra) != base, extra
+
+
+def test_the_name_of_the_last_turn_is_part_of_the_key() -> None:
+    from policies.cache.scope import ScopeRules, build_key
+
+    rules = ScopeRules(max_temperature=0.7, neutral_params=frozenset({"model"}), share_across_tenants=False)
+
+    def key(name: str | None) -> str:
+        turn: dict[str, Any] = {"role": "user", "content": Q}
+        if name is not None:
+            turn["name"] = name
+        built, _ = build_key({"model": "m", "messages": [turn]}, tenant="acme", model="m", route=None, rules=rules)
+        assert built is not None
+        return built.exact
+
+    assert key("alice") != key("bob") != key(None)
+    assert key("alice") == key("alice")
