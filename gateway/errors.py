@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
+
+# The longest Retry-After the gateway ever states (or honours from an upstream): one day.
+MAX_RETRY_AFTER_S = 86_400
 
 
 class GatewayError(Exception):
@@ -46,9 +50,17 @@ class GatewayError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
+        """`Retry-After` in whole seconds (1 to MAX_RETRY_AFTER_S); none when it is not a finite number.
+
+        Never raises, whatever `retry_after` holds: it is rendered while answering a failure.
+        """
+        try:
+            seconds = float(self.retry_after)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
             return {}
-        return {"Retry-After": str(max(1, int(round(self.retry_after))))}
+        if not math.isfinite(seconds):
+            return {}
+        return {"Retry-After": str(int(round(min(float(MAX_RETRY_AFTER_S), max(1.0, seconds)))))}
 
     def json_bytes(self) -> bytes:
         return orjson.dumps(self.payload())
@@ -111,6 +123,12 @@ class UpstreamError(GatewayError):
     status = 502
     type = "upstream_error"
     code = "bad_gateway"
+
+
+class BadUpstreamResponse(UpstreamError):
+    """The upstream's answer is not what the OpenAI API promises: malformed JSON, wrong shape."""
+
+    code = "bad_upstream_response"
 
 
 class UpstreamUnavailable(GatewayError):

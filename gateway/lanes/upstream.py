@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from gateway.context import Answer, RequestContext, Usage
-from gateway.errors import GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
+from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 
@@ -79,10 +79,58 @@ def _whole(ctx: RequestContext, reply: UpstreamReply) -> Answer:
     if reply.status >= 400:
         raise _client_error(reply)
     if not isinstance(body, dict):
-        raise UpstreamError("the upstream answered with JSON that is not an object")
-    ctx.usage = Usage.from_openai(body.get("usage"))
+        raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
+    if ctx.operation != "embeddings":
+        _check_choices(body, "message")
+    ctx.usage = Usage.from_openai(body.get("usage"))  # any JSON value: garbage is no usage
     ctx.first_token_at = time.perf_counter()
     return Answer(lane="upstream", body=body, status=reply.status)
+
+
+def _check_choices(obj: dict[str, Any], part: str) -> None:
+    """Raise BadUpstreamResponse unless `choices` (when present) is a list of objects.
+
+    Each choice's `index` must be an integer and its `message` (answers) or `delta` (stream
+    chunks) an object, where given. Stream chunks are checked down to what the stream
+    assembler joins: `text`, `delta.content` and tool call pieces are strings or null.
+    """
+    if "choices" not in obj:
+        return
+    choices = obj["choices"]
+    if not isinstance(choices, list):
+        raise BadUpstreamResponse(f"the upstream sent 'choices' that is {_kind(choices)}, not a list")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise BadUpstreamResponse(f"the upstream sent a choice that is {_kind(choice)}, not an object")
+        _expect(choice, "index", int, "choice")
+        _expect(choice, part, dict, "choice")
+        if part != "delta":
+            continue
+        _expect(choice, "text", str, "choice")
+        delta = choice.get("delta") or {}
+        _expect(delta, "content", str, "delta")
+        _expect(delta, "tool_calls", list, "delta")
+        for call in delta.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                raise BadUpstreamResponse(f"the upstream sent a tool call that is {_kind(call)}, not an object")
+            _expect(call, "index", int, "tool call")
+            _expect(call, "function", dict, "tool call")
+            function = call.get("function") or {}
+            _expect(function, "name", str, "tool call function")
+            _expect(function, "arguments", str, "tool call function")
+
+
+def _expect(obj: dict[str, Any], key: str, kind: type, what: str) -> None:
+    """`obj[key]`, where present and not null, must be a `kind` (booleans are no integers)."""
+    value = obj.get(key)
+    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+        return
+    raise BadUpstreamResponse(f"the upstream sent a {what} whose {key!r} is {_kind(value)}, not {_kind(kind())}")
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), "null")
 
 
 def _client_error(reply: UpstreamReply) -> GatewayError:
@@ -122,7 +170,8 @@ async def _relay(
                     yield _estimated_usage_chunk(ctx, estimate, texts, last)
                 return
             if not isinstance(event, dict):
-                raise UpstreamError("the upstream sent a stream event that is not an object")
+                raise BadUpstreamResponse("the upstream sent a stream event that is not an object")
+            _check_choices(event, "delta")
             if event.get("usage"):
                 ctx.usage = Usage.from_openai(event["usage"])
                 if not event.get("choices") and not client_wants_usage:

@@ -1,4 +1,9 @@
-"""A per-upstream circuit breaker: closed → open after N consecutive failures → half-open probe."""
+"""A per-upstream circuit breaker: closed → open after N consecutive failures → half-open probe.
+
+Only a closed breaker lets client requests through. Once an open breaker's cooldown has
+passed it is half-open: the pool then sends its own probe (never a client's request); the
+probe's success closes the breaker, its failure opens it for another cooldown.
+"""
 
 from __future__ import annotations
 
@@ -24,27 +29,38 @@ class CircuitBreaker:
         return "open"
 
     def allow(self) -> bool:
-        """May a request be sent now? In half-open state only one probe at a time."""
-        state = self.state
-        if state == "closed":
-            return True
-        if state == "half_open" and not self.probing:
-            self.probing = True
-            return True
-        return False
+        """May a client request be sent now? Only while closed: probes are the pool's own."""
+        return self.opened_at is None
 
     def available(self) -> bool:
-        """Could a request be sent now, without claiming the probe."""
-        state = self.state
-        return state == "closed" or (state == "half_open" and not self.probing)
+        """Does this upstream take client requests (for picking and readiness)?"""
+        return self.opened_at is None
+
+    def due_in(self) -> float | None:
+        """Seconds until a probe is due (0 when due now); None when closed or a probe is running."""
+        if self.opened_at is None or self.probing:
+            return None
+        return max(0.0, self.opened_at + self.cooldown_s - self.clock())  # type: ignore[operator]
+
+    def claim_probe(self) -> bool:
+        """Half-open and no probe running: claim the probe (the caller must `end_probe`)."""
+        if self.probing or self.state != "half_open":
+            return False
+        self.probing = True
+        return True
+
+    def end_probe(self, ok: bool) -> None:
+        self.probing = False
+        if ok:
+            self.success()
+        else:
+            self.failure()
 
     def success(self) -> None:
         self.failures = 0
         self.opened_at = None
-        self.probing = False
 
     def failure(self) -> None:
         self.failures += 1
-        self.probing = False
         if self.opened_at is not None or self.failures >= self.failures_to_open:
             self.opened_at = self.clock()  # type: ignore[operator]

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
 
 from gateway.errors import (
+    MAX_RETRY_AFTER_S,
+    BadUpstreamResponse,
     GatewayError,
     RateLimited,
     UpstreamError,
@@ -27,6 +30,8 @@ from gateway.upstream.breaker import CircuitBreaker
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503})
+# The half-open probe: GET {base_url}/models, given this long at most.
+PROBE_TIMEOUT_S = 5.0
 HOP_BY_HOP = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -50,16 +55,22 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def retry_after_seconds(value: str | None) -> float | None:
+    """An upstream's Retry-After (seconds or an HTTP date) as seconds in [0, MAX_RETRY_AFTER_S].
+
+    None when absent or unusable (garbage, NaN, infinities): the header is then ignored.
+    """
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError, IndexError):
+            return None
+    if not math.isfinite(seconds):
         return None
+    return min(float(MAX_RETRY_AFTER_S), max(0.0, seconds))
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +91,19 @@ class Upstream:
 
     def serves(self, model: str) -> bool:
         return self.wildcard or model in self.models
+
+
+class _Failure(NamedTuple):
+    """Why one try failed and whether the request may go out again.
+
+    `retry`: the pool may try again (the next member at once). `same_member`: retrying the
+    member that just failed is worth it, after `delay` seconds (backoff or Retry-After).
+    """
+
+    error: GatewayError
+    retry: bool = False
+    same_member: bool = False
+    delay: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -125,6 +149,9 @@ class UpstreamPool:
             unknown = [f for f in pool.fallback if f not in self._by_pool]
             if name in self._by_pool and unknown:
                 raise ValueError(f"pool {name!r} falls back to unknown pool(s) {unknown}")
+        self._watcher: asyncio.Task[None] | None = None
+        self._probes: set[asyncio.Task[None]] = set()
+        self._wake: asyncio.Event | None = None
 
     async def start(self) -> None:
         for upstream in self._upstreams:
@@ -140,6 +167,9 @@ class UpstreamPool:
                 auto_decompress=True,
             )
         await asyncio.gather(*(self._discover(u) for u in self._upstreams if u.wildcard))
+        if self._upstreams and self._watcher is None:
+            self._wake = asyncio.Event()
+            self._watcher = asyncio.create_task(self._watch_breakers(), name="tierlane-breaker-probes")
 
     async def _discover(self, upstream: Upstream) -> None:
         """Ask a wildcard upstream which models it serves, so `auto` has a name to send it."""
@@ -159,10 +189,63 @@ class UpstreamPool:
         )
 
     async def close(self) -> None:
+        tasks = [t for t in (self._watcher, *self._probes) if t is not None]
+        self._watcher, self._wake = None, None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._probes.clear()
         for upstream in self._upstreams:
             if upstream.session is not None:
                 await upstream.session.close()
                 upstream.session = None
+
+    # -- half-open probes: the gateway's own requests, never a client's -------------------
+    async def _watch_breakers(self) -> None:
+        """Start a probe for each breaker whose cooldown has passed; sleep until the next is due."""
+        wake = self._wake
+        assert wake is not None
+        while True:
+            wake.clear()
+            due: list[float] = []
+            for upstream in self._upstreams:
+                if upstream.breaker.claim_probe():
+                    task = asyncio.create_task(self._probe(upstream), name=f"tierlane-probe-{upstream.name}")
+                    self._probes.add(task)
+                    task.add_done_callback(self._probes.discard)
+                    continue
+                wait = upstream.breaker.due_in()
+                if wait is not None:
+                    due.append(max(wait, 0.005))
+            try:
+                await asyncio.wait_for(wake.wait(), min(due) if due else None)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _probe(self, upstream: Upstream) -> None:
+        """GET {base_url}/models with the upstream's key: any answer below 500 in time closes the breaker.
+
+        A 4xx still proves the server is up and answering HTTP (an upstream without /models,
+        or one that wants the client's own key); a 5xx, a timeout or no connection does not.
+        """
+        cfg = upstream.settings
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, sock_connect=min(cfg.connect_timeout_s, PROBE_TIMEOUT_S))
+        ok = False
+        try:
+            if upstream.session is not None:
+                async with upstream.session.get(cfg.base_url + "/models", headers=headers, timeout=timeout) as resp:
+                    ok = resp.status < 500
+                    log.info("upstream %s: breaker probe answered %d", upstream.name, resp.status)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.info("upstream %s: breaker probe failed: %r", upstream.name, exc)
+        except Exception:  # noqa: BLE001 - a broken probe keeps the breaker open, never kills the watcher
+            log.exception("upstream %s: breaker probe failed", upstream.name)
+        upstream.breaker.end_probe(ok)
+        if ok:
+            log.warning("upstream %s: breaker closed after a successful probe", upstream.name)
+        if self._wake is not None:
+            self._wake.set()
 
     # -- what the rest of the gateway asks --------------------------------------------------
     def has_upstreams(self) -> bool:
@@ -216,14 +299,16 @@ class UpstreamPool:
             todo.extend(self._pools[name].fallback)
         return chain
 
-    def _pick(self, members: Iterable[Upstream], model: str, tried: set[int]) -> Upstream | None:
-        candidates = [u for u in members if u.serves(model) and u.breaker.available()]
+    def _pick(
+        self, members: Iterable[Upstream], model: str, tried: set[int], barred: Collection[int] = ()
+    ) -> Upstream | None:
+        """The least busy member serving `model` with a closed breaker, untried ones first."""
+        candidates = [u for u in members if u.serves(model) and u.breaker.allow() and id(u) not in barred]
         fresh = [u for u in candidates if id(u) not in tried] or candidates
         if not fresh:
             return None
         least = min(u.inflight for u in fresh)
-        choice = random.choice([u for u in fresh if u.inflight == least])
-        return choice if choice.breaker.allow() else None
+        return random.choice([u for u in fresh if u.inflight == least])
 
     def _finish(self, upstream: Upstream, ok: bool) -> None:
         upstream.inflight -= 1
@@ -231,6 +316,8 @@ class UpstreamPool:
             upstream.breaker.success()
         else:
             upstream.breaker.failure()
+            if self._wake is not None and upstream.breaker.opened_at is not None:
+                self._wake.set()  # the watcher schedules this breaker's probe
 
     async def send(
         self,
@@ -254,23 +341,33 @@ class UpstreamPool:
             tried: set[int] = set()
             members = self._by_pool[pool_name]
             budget = 1 + max(u.settings.retries for u in members)
-            for attempt in range(budget):
-                upstream = self._pick(members, model, tried)
+            failed: dict[int, _Failure] = {}  # the last failure of each member tried
+            barred: set[int] = set()  # members not worth a second try for this request
+            for _ in range(budget):
+                upstream = self._pick(members, model, tried, barred)
                 if upstream is None:
                     break
+                before = failed.get(id(upstream))
+                if before is not None and before.delay > 0:
+                    # Backoff (or the upstream's Retry-After) only before trying the same member
+                    # again: another member is a different host and is tried at once.
+                    await asyncio.sleep(before.delay)
+                    upstream = self._pick(members, model, tried, barred)  # breakers may have moved
+                    if upstream is None:
+                        break
                 tried.add(id(upstream))
                 attempts += 1
-                delay, error, reply = await self._attempt(
-                    upstream, path, payload, headers, stream, client_authorization
-                )
+                reply, failure = await self._attempt(upstream, path, payload, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts
                     return reply
-                assert error is not None
-                last_error = error
-                if delay is None or attempt + 1 >= budget:
+                assert failure is not None
+                last_error = failure.error
+                if not failure.retry:
                     break
-                await asyncio.sleep(delay)
+                failed[id(upstream)] = failure
+                if not failure.same_member:
+                    barred.add(id(upstream))
         raise last_error
 
     async def _attempt(
@@ -281,8 +378,8 @@ class UpstreamPool:
         headers: Mapping[str, str],
         stream: bool,
         client_authorization: str | None,
-    ) -> tuple[float | None, GatewayError | None, UpstreamReply | None]:
-        """One try. Returns (retry delay or None, error, reply)."""
+    ) -> tuple[UpstreamReply | None, _Failure | None]:
+        """One try. Returns (reply, None) or (None, why it failed and whether to try again)."""
         cfg = upstream.settings
         assert upstream.session is not None, "UpstreamPool.start() was not awaited"
         out_headers = dict(headers)
@@ -296,13 +393,30 @@ class UpstreamPool:
         backoff = min(cfg.backoff_max_s, cfg.backoff_base_s * (2 ** random.random()))
         try:
             resp = await upstream.session.post(cfg.base_url + path, data=payload, headers=out_headers)
-        except asyncio.TimeoutError:
+        except aiohttp.ConnectionTimeoutError:
+            # No connection within connect_timeout_s: nothing was sent, so another member is
+            # tried at once; this one (black-holing, or overloaded) not again for this request.
             reply.release(ok=False)
-            return None, UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"), None
+            log.warning("upstream %s: no connection within %ss", upstream.name, cfg.connect_timeout_s)
+            error = UpstreamTimeout(f"upstream {upstream.name!r} did not accept a connection in time")
+            return None, _Failure(error, retry=True, same_member=False)
+        except asyncio.TimeoutError:
+            # The request went out and no answer came in time: a generation is not idempotent,
+            # so it is not sent again.
+            reply.release(ok=False)
+            return None, _Failure(UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"))
+        except aiohttp.ClientConnectorError as exc:
+            # Refused, unresolvable, unreachable: nothing was sent. Another member at once; this
+            # one again only after the backoff.
+            reply.release(ok=False)
+            log.warning("upstream %s: could not connect: %s", upstream.name, exc)
+            error = UpstreamUnavailable(f"upstream {upstream.name!r} is unreachable")
+            return None, _Failure(error, retry=True, same_member=True, delay=backoff)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             reply.release(ok=False)
             log.warning("upstream %s: connection failed: %s", upstream.name, exc)
-            return backoff, UpstreamUnavailable(f"upstream {upstream.name!r} is unreachable"), None
+            error = UpstreamUnavailable(f"upstream {upstream.name!r} is unreachable")
+            return None, _Failure(error, retry=True, same_member=True, delay=backoff)
         except BaseException:
             reply.release(ok=False)
             raise
@@ -314,31 +428,32 @@ class UpstreamPool:
             # 429 says "slow down", not "broken": it does not count against the breaker.
             reply.release(ok=resp.status == 429)
             if wait is not None and wait > cfg.max_retry_after_s:
-                return None, error, None
-            return max(backoff, wait or 0.0), error, None
+                # Too long to wait here: another member may take it, else the client hears it.
+                return None, _Failure(error, retry=True, same_member=False)
+            return None, _Failure(error, retry=True, same_member=True, delay=max(backoff, wait or 0.0))
         if stream and 200 <= resp.status < 300:
             reply.response = resp
-            return None, None, reply
+            return reply, None
         try:
             reply.body = await _read_json(resp, cfg.max_response_bytes)
         except asyncio.TimeoutError:
             resp.close()
             reply.release(ok=False)
-            return None, UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"), None
+            return None, _Failure(UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"))
         except (aiohttp.ClientError, OSError):
             resp.close()
             reply.release(ok=False)
-            return None, UpstreamError(f"upstream {upstream.name!r} broke off its answer"), None
+            return None, _Failure(UpstreamError(f"upstream {upstream.name!r} broke off its answer"))
         except GatewayError as exc:
             resp.close()
             reply.release(ok=False)
-            return None, exc, None
+            return None, _Failure(exc)
         except BaseException:
             resp.close()
             reply.release(ok=False)
             raise
         reply.release(ok=resp.status < 500)
-        return None, None, reply
+        return reply, None
 
 
 async def _read_json(resp: aiohttp.ClientResponse, limit: int) -> Any:
@@ -355,7 +470,7 @@ async def _read_json(resp: aiohttp.ClientResponse, limit: int) -> Any:
     try:
         return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError:
-        raise UpstreamError("the upstream sent malformed JSON") from None
+        raise BadUpstreamResponse("the upstream sent malformed JSON") from None
 
 
 async def _error_from(resp: aiohttp.ClientResponse, upstream: Upstream, wait: float | None) -> GatewayError:

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.errors import UpstreamError
+from gateway.errors import BadUpstreamResponse, UpstreamError
 
 DONE = object()
 
@@ -16,7 +16,8 @@ DONE = object()
 async def iter_events(content: aiohttp.StreamReader, max_bytes: int) -> AsyncIterator[Any]:
     """Yield each `data:` payload decoded from JSON, then DONE on `[DONE]`.
 
-    Raises UpstreamError on malformed JSON, on an oversized stream, or on an error event.
+    Raises BadUpstreamResponse on malformed JSON, UpstreamError on an oversized stream or an
+    error event.
     """
     total = 0
     data: list[bytes] = []
@@ -39,7 +40,7 @@ async def iter_events(content: aiohttp.StreamReader, max_bytes: int) -> AsyncIte
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            raise UpstreamError("the upstream sent a malformed stream event") from None
+            raise BadUpstreamResponse("the upstream sent a malformed stream event") from None
         if isinstance(event, dict) and "error" in event and "choices" not in event:
             err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
             raise UpstreamError(f"the upstream failed mid-stream: {err.get('message', 'unknown error')}")

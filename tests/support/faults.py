@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,10 +53,18 @@ class Recorder:
     cancelled: int = 0
     inflight: int = 0
     max_inflight: int = 0
+    # GET /v1/models (only with `models_route=True`): when each came, what it gets, how late.
+    models_gets: list[float] = field(default_factory=list)
+    models_status: int = 200
+    models_delay: float = 0.0
 
 
 def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
-    """An upstream whose /v1/chat/completions behaves as `mode` says."""
+    """An upstream whose /v1/chat/completions behaves as `mode` says.
+
+    With `models_route=True` it also serves GET /v1/models (an empty list, with the status
+    `rec.models_status` holds, after `rec.models_delay` seconds), noting each in `rec.models_gets`.
+    """
 
     async def handler(request: web.Request) -> web.StreamResponse:
         rec.hits += 1
@@ -94,6 +104,18 @@ def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
             return await _ok(request, body)
         if mode == "malformed":
             return web.Response(body=b'{"id": "x", "choices": [', content_type="application/json")
+        if mode == "body":  # a 200 with opts["body"]: raw bytes, or anything JSON can say
+            raw = opts["body"]
+            return web.Response(body=raw if isinstance(raw, bytes) else orjson.dumps(raw), content_type="application/json")
+        if mode == "bad_stream":  # a good first chunk, then the data of opts["bad"] (bytes or JSON)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(frame(chunk(role="assistant", content="")))
+            await resp.write(frame(chunk(content="fine ")))
+            await resp.write(frame(opts["bad"]))
+            await resp.write(frame(chunk(finish="stop")))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         if mode == "huge":
             return web.json_response(completion("x" * opts.get("size", 40 * 1024 * 1024)))
         if mode == "cut_stream":
@@ -139,7 +161,48 @@ def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
         data = [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]
         return web.json_response({"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": 2, "total_tokens": 2}})
 
+    async def models(request: web.Request) -> web.Response:
+        rec.models_gets.append(time.monotonic())
+        await asyncio.sleep(rec.models_delay)
+        return web.json_response({"object": "list", "data": []}, status=rec.models_status)
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
     app.router.add_post("/v1/embeddings", embeddings)
+    if opts.get("models_route"):
+        app.router.add_get("/v1/models", models)
     return app
+
+
+class BlackHole:
+    """A 127.0.0.1 port where connecting hangs: a listening socket that never accepts.
+
+    Its accept queue is filled first (backlog 0, plus the connections it took), so the
+    kernel drops every further SYN and a client's connect attempt runs into its timeout.
+    """
+
+    def __init__(self) -> None:
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(0)
+        self.port = self._listener.getsockname()[1]
+        self._fillers: list[socket.socket] = []
+        for _ in range(64):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.setblocking(False)
+            probe.connect_ex(("127.0.0.1", self.port))
+            _, writable, _ = select.select([], [probe], [], 0.3)
+            if not writable:  # this SYN was dropped: the queue is full
+                probe.close()
+                return
+            self._fillers.append(probe)
+        raise RuntimeError("could not fill the accept queue of the black-hole listener")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        for sock in self._fillers:
+            sock.close()
+        self._listener.close()

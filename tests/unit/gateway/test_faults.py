@@ -92,10 +92,14 @@ def test_breaker_opens_and_stops_sending(bg, make_gateway):
 
 
 def test_breaker_half_open_probe_closes_it(bg, make_gateway):
-    up, rec = fault(bg, "status", status=502, fail_first=2)
+    up, rec = fault(bg, "status", status=502, fail_first=2, models_route=True)
     gw = make_gateway(upstreams=[upstream_cfg("a", up.url + "/v1", retries=0, breaker_failures=2, breaker_cooldown_s=1.0)])
+    gets = len(rec.models_gets)
     assert [post(gw).status_code for _ in range(3)] == [502, 502, 503]
-    time.sleep(1.05)
+    deadline = time.monotonic() + 5  # after the cooldown the gateway's own probe (GET /models) closes it
+    while httpx.get(gw.url + "/readyz").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(rec.models_gets) == gets + 1 and rec.hits == 2
     assert post(gw).status_code == 200
     assert post(gw).status_code == 200
 
@@ -114,6 +118,7 @@ def test_malformed_json_is_502(bg, make_gateway):
     r = post(gw)
     assert r.status_code == 502
     assert "malformed" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "bad_upstream_response"
 
 
 def test_huge_response_is_refused(bg, make_gateway):
