@@ -30,6 +30,7 @@ from gateway.upstream.breaker import CircuitBreaker
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503})
+UNHEALTHY_STATUSES = frozenset({502, 503, 504})  # answers that say the upstream itself is in trouble
 # The half-open probe: GET {base_url}/models, given this long at most.
 PROBE_TIMEOUT_S = 5.0
 HOP_BY_HOP = frozenset(
@@ -452,7 +453,10 @@ class UpstreamPool:
             resp.close()
             reply.release(ok=False)
             raise
-        reply.release(ok=resp.status < 500)
+        # NOTE: an upstream that answers a request with an error (llama.cpp's server says 500 for
+        # a body it cannot validate) is up; only gateway-class statuses count against its
+        # breaker, or one tenant's bad requests would open it for every tenant.
+        reply.release(ok=resp.status not in UNHEALTHY_STATUSES)
         return reply, None
 
 

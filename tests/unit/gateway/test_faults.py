@@ -224,3 +224,14 @@ def test_embeddings_are_forwarded(bg, make_gateway):
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
     out = client.embeddings.create(model="emb", input="hello")
     assert out.data[0].embedding == [0.1, 0.2, 0.3]
+
+
+def test_error_answers_to_bad_requests_do_not_open_the_breaker(bg, make_gateway):
+    """llama.cpp's server answers 500 to a body it cannot validate: one tenant's bad requests
+    must not take the upstream away from everyone."""
+    up, rec = fault(bg, "status", status=500)
+    gw = make_gateway(upstreams=[upstream_cfg("a", up.url + "/v1", retries=0, breaker_failures=2, breaker_cooldown_s=60)])
+    codes = [post(gw).status_code for _ in range(6)]
+    assert codes == [502] * 6  # relayed as a bad gateway answer, never "no healthy upstream"
+    assert rec.hits == 6
+    assert httpx.get(gw.url + "/readyz").status_code == 200
