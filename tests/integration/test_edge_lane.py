@@ -53,3 +53,38 @@ def test_prompt_over_the_context_is_400(gw):
     assert r.json()["error"]["code"] == "context_length_exceeded"
     ok = httpx.post(gw.url + "/v1/chat/completions", json={"model": "edge", "messages": MESSAGES, "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_penalties_and_lax_values_never_take_the_edge_lane_down(gw):
+    """A valid request with penalties used to kill the scheduler; the next one aborted the process."""
+    base = {"model": "edge", "messages": MESSAGES, "max_tokens": 2}
+    for extra in ({"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repeat_penalty": 1.3}):
+        r = httpx.post(gw.url + "/v1/chat/completions", json={**base, **extra}, timeout=10)
+        assert r.status_code == 200, (extra, r.text)
+    r = httpx.post(gw.url + "/v1/chat/completions", json={**base, "seed": "12"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    r = httpx.post(gw.url + "/v1/chat/completions", json=base, timeout=10)
+    assert r.status_code == 200
+    assert httpx.get(gw.url + "/readyz").json()["checks"]["edge"] == "loaded"
+
+
+def test_one_tenant_cannot_read_another_tenants_prompt_from_cached_tokens(make_gateway):
+    from gateway.auth import hash_key
+
+    keys = [{"sha256": hash_key(f"key-{t}"), "tenant": t} for t in ("a", "b")]
+    gw = make_gateway(base=EDGE_ON, auth={"mode": "keys", "keys": keys})
+    secret = [{"role": "user", "content": "Internal memo: the Q3 launch codename is BLUE HERON, budget 4.2M. Summarise."}]
+
+    def cached(tenant: str, messages: list) -> int:
+        r = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "edge", "messages": messages, "max_tokens": 1, "temperature": 0},
+            headers={"Authorization": f"Bearer key-{tenant}"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached("a", secret)
+    assert cached("b", secret) == 0  # an exact guess learns nothing
+    assert cached("a", secret) > 20  # the owner's repeat is served from its own cells
