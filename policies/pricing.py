@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.context import Usage
+from policies.domain import Usage
 from policies.policy import Policy
 
 PER_MILLION = 1_000_000.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.context import RouteDecision
+from policies.domain import RouteDecision
 from policies.policy import Policy
 from policies.router.calibration import TARGET_MODES
 from policies.router.model import Router
