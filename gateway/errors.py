@@ -7,6 +7,9 @@ from typing import Any
 
 import orjson
 
+from policies.errors import BudgetExceeded as PolicyBudgetExceeded
+from policies.errors import LimitExceeded, PolicyError
+
 # The longest Retry-After the gateway ever states (or honours from an upstream): one day.
 MAX_RETRY_AFTER_S = 86_400
 
@@ -151,6 +154,24 @@ class Overloaded(GatewayError):
     status = 503
     type = "server_error"
     code = "overloaded"
+
+
+def from_policy(exc: PolicyError) -> GatewayError:
+    """The one place a policy's or telemetry's error becomes an HTTP error."""
+    if isinstance(exc, PolicyBudgetExceeded):
+        return BudgetExceeded(exc.message, retry_after=exc.retry_after, param=exc.param)
+    if isinstance(exc, LimitExceeded):
+        return RateLimited(exc.message, retry_after=exc.retry_after, code=exc.code, param=exc.param)
+    return InvalidRequest(exc.message, param=exc.param, code=exc.code)
+
+
+def as_gateway_error(exc: BaseException) -> GatewayError | None:
+    """`exc` as the error the client sees, or None when it is not one the gateway knows."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, PolicyError):
+        return from_policy(exc)
+    return None
 
 
 def render_unexpected(exc: BaseException) -> GatewayError:

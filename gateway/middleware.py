@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.auth import KeyTable
-from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render_unexpected
+from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, as_gateway_error, render_unexpected
 from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES, SETTINGS
 from gateway.respond import lane_header
+from policies.errors import PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitab
                     request.headers.get("Authorization"), request.headers.get("api-key")
                 )
             return await handler(request)
-        except GatewayError as err:
+        except (GatewayError, PolicyError) as exc:
+            err = as_gateway_error(exc) or render_unexpected(exc)
             ctx = request.get(CONTEXT)
             extra = {"x-tierlane-lane": lane_header(ctx)} if ctx is not None else None
             return error_response(err, rid, received, extra)

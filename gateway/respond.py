@@ -12,8 +12,9 @@ from aiohttp import web
 
 from gateway.assemble import StreamAssembler
 from gateway.context import Answer, Outcome, RequestContext
-from gateway.errors import GatewayError, render_unexpected
+from gateway.errors import GatewayError, as_gateway_error, render_unexpected
 from gateway.pipeline.runner import Pipeline
+from policies.errors import PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,10 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
                 await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await response.write(DONE_FRAME)
         outcome.complete = True
-    except GatewayError as exc:
-        outcome.status, outcome.error_code = exc.status, exc.code or exc.type
-        await _try_write(response, exc.sse_frame())
+    except (GatewayError, PolicyError) as exc:
+        err = as_gateway_error(exc) or render_unexpected(exc)
+        outcome.status, outcome.error_code = err.status, err.code or err.type
+        await _try_write(response, err.sse_frame())
     except (asyncio.CancelledError, *_CLIENT_GONE):
         outcome.status, outcome.error_code = 499, "client_closed_request"
         raise

@@ -12,9 +12,10 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gateway import protocol
 from gateway.context import Operation, Outcome, RequestContext
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, render_unexpected
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, as_gateway_error, render_unexpected
 from gateway.keys import CONTEXT, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, RESOLVER, SETTINGS
 from gateway.respond import deliver
+from policies.errors import PolicyError
 
 
 async def _read(request: web.Request, limit: int) -> bytes:
@@ -58,9 +59,10 @@ async def _handle(request: web.Request, operation: Operation) -> web.StreamRespo
         app[RESOLVER].resolve(ctx)
         answer = await pipeline.answer(ctx)
         return await deliver(request, ctx, answer, pipeline)
-    except GatewayError as exc:
-        pipeline.complete(ctx, Outcome(status=exc.status, response=None, complete=False, error_code=exc.code or exc.type))
-        raise
+    except (GatewayError, PolicyError) as exc:
+        err = as_gateway_error(exc) or render_unexpected(exc)
+        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
+        raise err from None
     except (asyncio.CancelledError, ConnectionError):
         pipeline.complete(ctx, Outcome(status=499, response=None, complete=False, error_code="client_closed_request"))
         raise
