@@ -14,7 +14,7 @@ LLAMA_REBUILD ?=
 export CMAKE_ARGS
 PYTEST_ARGS ?=
 
-.PHONY: install run test router-model bench demo clean
+.PHONY: install run test lint router-model bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ install: $(STAMP)
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/tierlane serve
 
-test: $(STAMP)
+# Layering (import-linter contracts in pyproject.toml); `make test` runs it first.
+lint: $(STAMP)
+	$(BIN)/lint-imports
+
+test: $(STAMP) lint
 	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; fi; exit $$rc
 

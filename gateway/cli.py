@@ -11,11 +11,11 @@ from collections.abc import Sequence
 # `set_defaults(func=callable(args) -> int)`.
 COMMAND_MODULES: list[str] = [
     "gateway.serve_cli",
-    "policies.cache.cli",
+    "gateway.commands.cache",
     "gateway.replay.cli",
     "policies.router.cli",
     "policies.trim.cli",
-    "telemetry.cli",
+    "gateway.commands.usage",
 ]
 
 

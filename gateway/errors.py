@@ -177,3 +177,14 @@ def as_gateway_error(exc: BaseException) -> GatewayError | None:
 def render_unexpected(exc: BaseException) -> GatewayError:
     """Turn anything else into a sanitised 500 that leaks no internals."""
     return GatewayError("internal error in the gateway; see its logs for the request id")
+
+
+def known_error_codes() -> frozenset[str]:
+    """The codes and types of the gateway's own error tree: the only error labels metrics carry."""
+    codes: set[str] = set()
+    pending: list[type[GatewayError]] = [GatewayError]
+    while pending:
+        cls = pending.pop()
+        codes.update(c for c in (cls.code, cls.type) if c)
+        pending.extend(cls.__subclasses__())
+    return frozenset(codes)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import BudgetExceeded, RateLimited
+from policies.errors import BudgetExceeded, LimitExceeded
 from policies.policy import Policy
 
 WINDOW_S = 60.0
@@ -226,7 +226,7 @@ class Budgets:
                     counters.day_spend += row.cost
 
     def admit(self, key: str, tenant: str, app: str, tokens: int, reserve_usd: float = 0.0) -> None:
-        """Count the request and hold `reserve_usd`, or raise RateLimited / BudgetExceeded without counting.
+        """Count the request and hold `reserve_usd`, or raise LimitExceeded / BudgetExceeded without counting.
 
         `key` identifies the request until `settle`; `tokens` is its estimated input.
         """
@@ -255,7 +255,7 @@ class Budgets:
             self._release(stale)
         self._open[key] = _Open(scopes=tuple(scopes), admitted=now, tokens=float(tokens), reserved=reserve)
 
-    def stream_breach(self, key: str, tokens: int, cost: float) -> RateLimited | None:
+    def stream_breach(self, key: str, tokens: int, cost: float) -> LimitExceeded | None:
         """Charge `tokens` (costing `cost`) newly produced by a stream; the error to end it with when over a limit."""
         held = self._open.get(key)
         if held is None or tokens <= 0:
@@ -266,7 +266,7 @@ class Budgets:
         held.tokens += tokens
         held.cost += cost
         freed = before - held.held()
-        breach: RateLimited | None = None
+        breach: LimitExceeded | None = None
         for counters, limits, who in held.scopes:
             counters.tokens.add(now, tokens)
             counters.spend(day, cost)
@@ -313,7 +313,7 @@ class Budgets:
         if limits.requests_per_minute is not None:
             seen = counters.requests.total(now)
             if seen + 1 > limits.requests_per_minute:
-                raise RateLimited(
+                raise LimitExceeded(
                     f"rate limit reached for {who}: {limits.requests_per_minute} requests per minute",
                     retry_after=counters.requests.retry_after(now, seen + 1 - limits.requests_per_minute),
                 )
@@ -321,13 +321,13 @@ class Budgets:
             used = counters.tokens.total(now)
             if used + tokens > limits.tokens_per_minute:
                 if tokens > limits.tokens_per_minute:
-                    raise RateLimited(
+                    raise LimitExceeded(
                         f"this request (about {tokens} tokens) is larger than the limit of {who}: "
                         f"{limits.tokens_per_minute} tokens per minute",
                         code="tokens_exceed_limit",
                         retry_after=WINDOW_S,
                     )
-                raise RateLimited(
+                raise LimitExceeded(
                     f"rate limit reached for {who}: {limits.tokens_per_minute} tokens per minute",
                     retry_after=counters.tokens.retry_after(now, used + tokens - limits.tokens_per_minute),
                 )
@@ -344,12 +344,12 @@ class Budgets:
                 retry_after=self._until_next_month(),
             )
 
-    def _breach(self, counters: _Counters, limits: Limits, who: str, now: float) -> RateLimited | None:
+    def _breach(self, counters: _Counters, limits: Limits, who: str, now: float) -> LimitExceeded | None:
         """Why a running stream is now over a limit (it is allowed to reach the limit, not pass it)."""
         if limits.tokens_per_minute is not None:
             used = counters.tokens.total(now)
             if used > limits.tokens_per_minute:
-                return RateLimited(
+                return LimitExceeded(
                     f"stream stopped: {who} passed its limit of {limits.tokens_per_minute} tokens per minute",
                     retry_after=counters.tokens.retry_after(now, used - limits.tokens_per_minute),
                 )

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.embedder import DIMENSION
+from policies.sentence_model import DIMENSION
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def export(model_dir: Path, out_path: Path) -> Path:
     """
     import torch
 
-    from policies.embedder import encode, load_sentence_model
+    from policies.sentence_model import encode, load_sentence_model
 
     model = load_sentence_model(model_dir)
     transformer = model[0].auto_model.eval()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.context import RequestContext, Usage
+from policies.domain import Usage
+from telemetry.record import MeteredRequest
 from policies.pricing import Pricing
 
 
@@ -50,7 +51,7 @@ def _money(amount: float) -> float:
     return amount if amount > 0.0 else 0.0
 
 
-def compute_bill(ctx: RequestContext, usage: Usage, pricing: Pricing) -> Bill:
+def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     """Price `usage` on the lane that answered ctx and split the savings by reason.
 
     The cost is never negative: negative token counts price as 0 and the cost is clamped at 0,

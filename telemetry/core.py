@@ -13,8 +13,9 @@ import orjson
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from gateway.context import Outcome, RequestContext, Usage
-from gateway.errors import GatewayError, RateLimited
+from policies.domain import Outcome, Usage
+from telemetry.record import MeteredRequest
+from policies.errors import LimitExceeded
 from policies.budgets import Budgets, SpendRow
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
@@ -54,6 +55,7 @@ class Telemetry:
         span_exporter: SpanExporter | None = None,
         metric_reader: MetricReader | None = None,
         token_count: TokenCount | None = None,
+        error_codes: frozenset[str] = frozenset(),
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -86,7 +88,8 @@ class Telemetry:
         self._count: TokenCount = token_count or heuristic_count
         self._load_tokenizer = token_count is None
         self._wall = wall
-        self._error_codes = known_error_codes()
+        # the error codes the gateway's own error tree defines: the only error labels metrics carry
+        self._error_codes = error_codes
         self._started = False
 
     async def start(self) -> None:
@@ -111,22 +114,22 @@ class Telemetry:
     def server_span(self, request: Any) -> ServerSpan | NoopSpan:
         return self.spans.server_span(request)
 
-    def stage_span(self, ctx: RequestContext, name: str) -> StageSpan | NoopSpan:
+    def stage_span(self, ctx: MeteredRequest, name: str) -> StageSpan | NoopSpan:
         return self.spans.stage_span(ctx, name)
 
-    def model_span(self, ctx: RequestContext) -> ModelSpan | NoopSpan:
+    def model_span(self, ctx: MeteredRequest) -> ModelSpan | NoopSpan:
         return self.spans.model_span(ctx)
 
     # Budgets ----------------------------------------------------------------------------
 
-    def admit(self, ctx: RequestContext) -> None:
-        """Count the request and reserve what it can cost, or raise RateLimited / BudgetExceeded (a 429)."""
+    def admit(self, ctx: MeteredRequest) -> None:
+        """Count the request and reserve what it can cost, or raise LimitExceeded / BudgetExceeded (a 429)."""
         if not self.budgets.enabled:
             return
         tokens = estimate_request_tokens(ctx.body)
         try:
             self.budgets.admit(ctx.uid, ctx.principal.tenant, ctx.principal.app, tokens, self._reservation(ctx))
-        except RateLimited as exc:
+        except LimitExceeded as exc:
             tenant, app = self.bounds.tenant(ctx.principal.tenant), self.bounds.app(ctx.principal.app)
             code = exc.code or "rate_limit_exceeded"
             if self.otel is not None:
@@ -139,13 +142,13 @@ class Telemetry:
         """A local count of a request and its answer, marked `estimated` (for upstreams that report none)."""
         return estimate_usage(self._count, body, response)
 
-    def _price(self, ctx: RequestContext) -> TokenPrice | None:
+    def _price(self, ctx: MeteredRequest) -> TokenPrice | None:
         """The price of the lane answering ctx now (None for a cache hit, which costs no tokens)."""
         if ctx.lane == "cache":
             return None
         return self.pricing.edge if ctx.lane == "edge" else self.pricing.upstream(ctx.target_model)
 
-    def _reservation(self, ctx: RequestContext) -> float:
+    def _reservation(self, ctx: MeteredRequest) -> float:
         """USD held at admission: the prompt and the most completion tokens the request may produce."""
         price = self._price(ctx)
         if price is None:
@@ -158,8 +161,8 @@ class Telemetry:
             output = (self.budgets.reserve_output_tokens if limit is None else limit) * (wire.n or 1)
         return reservation_usd(price, ctx.body, output)
 
-    def charge_chunk(self, ctx: RequestContext, chunk: Mapping[str, Any]) -> None:
-        """Charge the tokens of one streamed chunk; raises RateLimited/BudgetExceeded to end the stream."""
+    def charge_chunk(self, ctx: MeteredRequest, chunk: Mapping[str, Any]) -> None:
+        """Charge the tokens of one streamed chunk; raises LimitExceeded/BudgetExceeded to end the stream."""
         if not self.budgets.enabled:
             return
         price = self._price(ctx)
@@ -172,7 +175,7 @@ class Telemetry:
 
     # Metering ---------------------------------------------------------------------------
 
-    async def meter(self, ctx: RequestContext, outcome: Outcome) -> Bill | None:
+    async def meter(self, ctx: MeteredRequest, outcome: Outcome) -> Bill | None:
         """Cost, savings, ledger row, metrics and span attributes of one finished request."""
         if not self.config.metering:
             return None
@@ -208,7 +211,7 @@ class Telemetry:
 
     def _row(
         self,
-        ctx: RequestContext,
+        ctx: MeteredRequest,
         outcome: Outcome,
         usage: Usage,
         bill: Bill,
@@ -245,7 +248,7 @@ class Telemetry:
         )
 
     def _measurement(
-        self, ctx: RequestContext, outcome: Outcome, usage: Usage, bill: Bill, latency: float, ttft: float | None
+        self, ctx: MeteredRequest, outcome: Outcome, usage: Usage, bill: Bill, latency: float, ttft: float | None
     ) -> Measurement:
         bounds = self.bounds
         response_model = (outcome.response or {}).get("model") if isinstance(outcome.response, dict) else None
@@ -325,19 +328,8 @@ def reservation_usd(price: TokenPrice, body: Mapping[str, Any], output_tokens: i
     return price.input_cost(tokens) + output_tokens * price.output / 1_000_000.0
 
 
-async def build_telemetry(settings: Any, policy: Policy) -> Telemetry:
+async def build_telemetry(settings: Any, policy: Policy, error_codes: frozenset[str] = frozenset()) -> Telemetry:
     """The gateway component builder: a started Telemetry from `gateway.settings.Settings`."""
-    telemetry = Telemetry(TelemetryConfig.from_settings(settings), policy)
+    telemetry = Telemetry(TelemetryConfig.from_settings(settings), policy, error_codes=error_codes)
     await telemetry.start()
     return telemetry
-
-
-def known_error_codes() -> frozenset[str]:
-    """The codes of the gateway's own error tree: the only error labels metrics carry."""
-    codes: set[str] = set()
-    pending: list[type[GatewayError]] = [GatewayError]
-    while pending:
-        cls = pending.pop()
-        codes.update(c for c in (cls.code, cls.type) if c)
-        pending.extend(cls.__subclasses__())
-    return frozenset(codes)

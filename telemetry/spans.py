@@ -17,20 +17,28 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from gateway.context import RequestContext
-from gateway.errors import GatewayError
+from telemetry.record import MeteredRequest
+from policies.errors import LimitExceeded, PolicyError
 from telemetry import attributes as a
 
 _PRIMITIVE = (str, bool, int, float)
 
 
 def _error_type(exc: BaseException) -> tuple[str, int]:
-    if isinstance(exc, GatewayError):
-        return exc.code or exc.type, exc.status
+    # NOTE: duck-typed, so telemetry needs no import of the gateway's error tree: its errors
+    # carry an int `status` and a `code` or `type`.
+    status = getattr(exc, "status", None)
+    label = getattr(exc, "code", None) or getattr(exc, "type", None)
+    if isinstance(status, int) and isinstance(label, str):
+        return label, status
+    if isinstance(exc, LimitExceeded):
+        return exc.code or "rate_limit_exceeded", 429
+    if isinstance(exc, PolicyError):
+        return exc.code or "invalid_request_error", 400
     return type(exc).__qualname__, 500
 
 
-def request_attributes(ctx: RequestContext) -> dict[str, Any]:
+def request_attributes(ctx: MeteredRequest) -> dict[str, Any]:
     """The tierlane attributes every span of a request may carry (no prompt text)."""
     attrs: dict[str, Any] = {
         a.REQUEST_ID: ctx.request_id,
@@ -56,7 +64,7 @@ class _Inert:
 
     __slots__ = ()
 
-    def bind(self, ctx: RequestContext) -> None:
+    def bind(self, ctx: MeteredRequest) -> None:
         return None
 
     def set_status_code(self, status: int) -> None:
@@ -123,7 +131,7 @@ class ServerSpan(_Scoped):
 
     def __init__(self, span: Span, registry: ContextVar[ServerSpan | None]) -> None:
         super().__init__(span)
-        self.ctx: RequestContext | None = None
+        self.ctx: MeteredRequest | None = None
         self.status: int | None = None
         self._registry = registry
         self._slot: Token[ServerSpan | None] | None = None
@@ -146,7 +154,7 @@ class ServerSpan(_Scoped):
             self._registry.reset(self._slot)
         self._end()
 
-    def bind(self, ctx: RequestContext) -> None:
+    def bind(self, ctx: MeteredRequest) -> None:
         self.ctx = ctx
 
     def set_status_code(self, status: int) -> None:
@@ -161,7 +169,7 @@ class ModelSpan(_Scoped):
 
     __slots__ = ("ctx", "response", "_record_content")
 
-    def __init__(self, span: Span, ctx: RequestContext, record_content: bool) -> None:
+    def __init__(self, span: Span, ctx: MeteredRequest, record_content: bool) -> None:
         super().__init__(span)
         self.ctx = ctx
         self.response: Mapping[str, Any] | None = None
@@ -173,7 +181,7 @@ class ModelSpan(_Scoped):
         self.span.set_attributes(self._closing_attributes())
         self._end()
 
-    def bind(self, ctx: RequestContext) -> None:
+    def bind(self, ctx: MeteredRequest) -> None:
         self.ctx = ctx
 
     def set_status_code(self, status: int) -> None:
@@ -239,14 +247,14 @@ class Spans:
         )
         return ServerSpan(span, self._server)
 
-    def stage_span(self, ctx: RequestContext, name: str) -> StageSpan | NoopSpan:
+    def stage_span(self, ctx: MeteredRequest, name: str) -> StageSpan | NoopSpan:
         if self._tracer is None:
             return self._noop
         self._bind(ctx)
         span = self._tracer.start_span(f"tierlane.{name}")
         return StageSpan(span)
 
-    def model_span(self, ctx: RequestContext) -> ModelSpan | NoopSpan:
+    def model_span(self, ctx: MeteredRequest) -> ModelSpan | NoopSpan:
         """A CLIENT span named `{operation} {model}`, e.g. `chat gpt-4o-mini`."""
         if self._tracer is None:
             return self._noop
@@ -275,7 +283,7 @@ class Spans:
         span = self._tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attrs)
         return ModelSpan(span, ctx, self._record_content)
 
-    def annotate(self, ctx: RequestContext, attributes: Mapping[str, Any]) -> None:
+    def annotate(self, ctx: MeteredRequest, attributes: Mapping[str, Any]) -> None:
         """Put the request's cost facts on its SERVER span (if still open) and on the current span."""
         if self._tracer is None:
             return
@@ -291,7 +299,7 @@ class Spans:
         if self._tracer is not None:
             propagate.inject(headers)
 
-    def _bind(self, ctx: RequestContext) -> None:
+    def _bind(self, ctx: MeteredRequest) -> None:
         server = self._server.get()
         if server is not None and server.ctx is None:
             server.ctx = ctx

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.context import Outcome, RequestContext, Usage
+from policies.domain import Outcome, Usage
+from telemetry.record import MeteredRequest
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def estimate_usage(count: TokenCount, body: Mapping[str, Any], response: Mapping
     return Usage(input_tokens=input_tokens, output_tokens=output_tokens, estimated=True)
 
 
-async def resolve_usage(ctx: RequestContext, outcome: Outcome, count: TokenCount) -> Usage:
+async def resolve_usage(ctx: MeteredRequest, outcome: Outcome, count: TokenCount) -> Usage:
     """The lane's own usage when it reported one, else a local estimate marked `estimated`."""
     if ctx.usage is not None:
         return ctx.usage

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.errors import InvalidRequest
-from gateway.timefmt import iso_time, parse_time
+from policies.errors import InvalidInput
+from telemetry.timefmt import iso_time, parse_time
 from telemetry.ledger import Ledger
 
 GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
@@ -45,7 +45,7 @@ class UsageQuery:
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], *, now: float | None = None) -> UsageQuery:
-        """From HTTP query or CLI parameters; raises InvalidRequest naming the bad parameter."""
+        """From HTTP query or CLI parameters; raises InvalidInput naming the bad parameter."""
         now = time.time() if now is None else now
         group_by: list[str] = []
         for raw in _all(params, "group_by"):
@@ -53,7 +53,7 @@ class UsageQuery:
                 if not key:
                     continue
                 if key not in GROUP_KEYS:
-                    raise InvalidRequest(
+                    raise InvalidInput(
                         f"cannot group by {key!r}; choose from {', '.join(GROUP_KEYS)}", param="group_by"
                     )
                 if key not in group_by:
@@ -65,7 +65,7 @@ class UsageQuery:
             else end - DEFAULT_DAYS * 86400.0
         )
         if start >= end:
-            raise InvalidRequest("`from` must be earlier than `to`", param="from")
+            raise InvalidInput("`from` must be earlier than `to`", param="from")
         filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k)}
         return cls(start=start, end=end, group_by=tuple(group_by), filters=filters)
 

@@ -11,15 +11,7 @@ from typing import Any
 import numpy as np
 
 from gateway.context import RequestContext
-from policies.cache.scope import last_user_text, normalise
-
-# The model reads 256 word pieces at most; longer text only costs tokenizer time.
-_MAX_CHARS = 4000
-
-
-def embedding_text(body: dict[str, Any]) -> str | None:
-    text = last_user_text(body)
-    return normalise(text)[:_MAX_CHARS] if text else None
+from policies.cache.scope import embedding_text
 
 
 async def ensure_embedding(ctx: RequestContext, embedder: Any) -> np.ndarray | None:

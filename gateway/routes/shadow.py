@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.auth import require_global_admin
 from gateway.keys import PRINCIPAL, REQUEST_ID, SETTINGS
 from gateway.pipeline.shadow import AGREE, FILENAME, summarize
-from gateway.timefmt import iso_time, parse_time
+from telemetry.timefmt import iso_time, parse_time
 
 
 def parse_since(raw: str | None) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequest
+from policies.errors import InvalidInput
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,17 +39,17 @@ def message_text(content: Any, *, param: str) -> str | None:
         parts: list[str] = []
         for index, part in enumerate(content):
             if not isinstance(part, Mapping) or "type" not in part:
-                raise InvalidRequest(
+                raise InvalidInput(
                     "each content part must be an object with a `type`", param=f"{param}[{index}]"
                 )
             if part["type"] != "text":
                 return None
             text = part.get("text")
             if not isinstance(text, str):
-                raise InvalidRequest("a text content part needs a string `text`", param=f"{param}[{index}].text")
+                raise InvalidInput("a text content part needs a string `text`", param=f"{param}[{index}].text")
             parts.append(text)
         return "\n".join(parts)
-    raise InvalidRequest("message content must be a string or a list of parts", param=param)
+    raise InvalidInput("message content must be a string or a list of parts", param=param)
 
 
 def last_user_text(body: Mapping[str, Any]) -> str | None:
@@ -65,6 +65,16 @@ def last_user_text(body: Mapping[str, Any]) -> str | None:
     if isinstance(prompt, str):
         return prompt
     return None
+
+
+# The embedding model reads 256 word pieces at most; longer text only costs tokenizer time.
+EMBED_MAX_CHARS = 4000
+
+
+def embedding_text(body: Mapping[str, Any]) -> str | None:
+    """What is embedded for a request (cache and router alike): its last user turn, normalised."""
+    text = last_user_text(body)
+    return normalise(text)[:EMBED_MAX_CHARS] if text else None
 
 
 def _digest(value: Any) -> str:
@@ -94,11 +104,11 @@ def build_key(
     """The cache key of a chat request, or (None, why it cannot be cached)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` must be a non-empty list", param="messages")
+        raise InvalidInput("`messages` must be a non-empty list", param="messages")
     temperature = body.get("temperature")
     if temperature is not None:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise InvalidRequest("`temperature` must be a number", param="temperature")
+            raise InvalidInput("`temperature` must be a number", param="temperature")
         if float(temperature) > rules.max_temperature:
             return None, "temperature"
     last = messages[-1]
@@ -108,7 +118,7 @@ def build_key(
     history: list[Any] = []
     for index, message in enumerate(messages[:-1]):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise InvalidRequest("each message must be an object with a string `role`", param=f"messages[{index}]")
+            raise InvalidInput("each message must be an object with a string `role`", param=f"messages[{index}]")
         role = message["role"]
         if role in ("system", "developer"):
             text = message_text(message.get("content"), param=f"messages[{index}].content")

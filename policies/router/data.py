@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from policies.cache.scope import embedding_text
+
 WEAK_COLUMN = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 STRONG_COLUMN = "gpt-4-1106-preview"
 EMBEDDING_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -111,7 +113,7 @@ def load_everyday(data_dir: Path) -> list[str]:
 Encoder = Callable[[list[str]], np.ndarray]
 
 
-# What the gateway embeds: gateway.pipeline.embed.embedding_text of the request (the last user
+# What the gateway embeds: policies.cache.scope.embedding_text of the request (the last user
 # turn, normalised, cut at 4000 chars) with the model as load_sentence_model() returns it. The
 # gateway's default ONNX backend reproduces these vectors to cosine > 0.99999 (checked at export
 # and in tests/unit/cache/test_onnx_encoder.py), so artifacts trained here serve either backend.
@@ -120,8 +122,6 @@ RUNTIME_MAX_SEQ_LENGTH = 256
 
 def runtime_text(prompt: str) -> str:
     """The exact text the gateway embeds for a one-turn chat request carrying `prompt`."""
-    from gateway.pipeline.embed import embedding_text
-
     return embedding_text({"messages": [{"role": "user", "content": prompt}]}) or ""
 
 
@@ -202,3 +202,36 @@ def grouped_embeddings(
         out[k] = by_group[g][position[g]]
         position[g] += 1
     return out
+
+
+# MMLU rows per subject used in training and evaluation, and their sampling seed. None = every row:
+# the runtime-way embedding pass over all 14,042 rows takes ~5-11 min on one core; set a cap (rows
+# per subject, seeded) only if that ever stops fitting.
+PER_SUBJECT: int | None = None
+SUBJECT_SEED = 11
+EMBED_TAG = f"mmlu-rt{RUNTIME_MAX_SEQ_LENGTH}"
+
+
+def subject_sample(mmlu: MMLUData, per_subject: int | None = PER_SUBJECT, seed: int = SUBJECT_SEED) -> MMLUData:
+    """At most `per_subject` seeded rows of every subject (all rows when None), in file order."""
+    if per_subject is None:
+        return mmlu
+    rng = np.random.RandomState(seed)
+    keep: list[int] = []
+    for subject in np.unique(mmlu.subjects):
+        idx = np.flatnonzero(mmlu.subjects == subject)
+        keep.extend(np.sort(rng.permutation(idx)[:per_subject]).tolist())
+    return mmlu.take(np.asarray(keep))
+
+
+def mmlu_embeddings(
+    mmlu: MMLUData, cache_dir: Path, subjects: list[str] | None = None, encoder: Encoder | None = None
+) -> np.ndarray:
+    """Embeddings of the rows of `subjects` (default: all), computed exactly as the gateway does.
+
+    Text: policies.cache.scope.embedding_text of a one-turn chat request; model: policies.embedder
+    at its own settings (256 word pieces). Cached per subject, so an evaluation embeds only its own.
+    """
+    texts = [runtime_text(p) for p in mmlu.prompts]
+    wanted = sorted(set(mmlu.subjects.tolist())) if subjects is None else subjects
+    return grouped_embeddings(texts, mmlu.subjects, wanted, encoder or RuntimeEncoder(), cache_dir, EMBED_TAG)

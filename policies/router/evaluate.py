@@ -77,8 +77,7 @@ def held_out_data(router: Router, data_dir: Path, cache_dir: Path) -> tuple[MMLU
     Only the held-out subjects are embedded (one cache file per subject, shared with training),
     so a cold cache costs ~20% of the training pass, not all of it.
     """
-    from policies.router.data import load_mmlu
-    from policies.router.train import mmlu_embeddings, subject_sample
+    from policies.router.data import load_mmlu, mmlu_embeddings, subject_sample
 
     subjects = router.manifest.get("split", {}).get("test_subjects")
     if not subjects:

@@ -28,7 +28,11 @@ from policies.router.data import (
     load_everyday,
     load_math,
     load_mmlu,
+    PER_SUBJECT,
+    SUBJECT_SEED,
+    mmlu_embeddings,
     runtime_text,
+    subject_sample,
 )
 from policies.router.evaluate import routing_metrics, target_checks
 from policies.router.features import text_feature_matrix
@@ -69,10 +73,6 @@ class Corpus:
 # MATH is an auxiliary signal; a seeded sample keeps its embedding pass short on 2 cores.
 MATH_SAMPLE = 2000
 MATH_SEED = 7
-# None = every MMLU row. The runtime-way embedding pass over all 14,042 rows takes ~5-11 min on one
-# core; set a cap (rows per subject, seeded) only if that ever stops fitting.
-PER_SUBJECT: int | None = None
-SUBJECT_SEED = 11
 
 
 def math_sample(data_dir: Path) -> tuple[list[str], np.ndarray]:
@@ -82,37 +82,9 @@ def math_sample(data_dir: Path) -> tuple[list[str], np.ndarray]:
     return [problems[i] for i in keep], levels[keep]
 
 
-def subject_sample(mmlu: MMLUData, per_subject: int | None = PER_SUBJECT, seed: int = SUBJECT_SEED) -> MMLUData:
-    """At most `per_subject` seeded rows of every subject (all rows when None), in file order."""
-    if per_subject is None:
-        return mmlu
-    rng = np.random.RandomState(seed)
-    keep: list[int] = []
-    for subject in np.unique(mmlu.subjects):
-        idx = np.flatnonzero(mmlu.subjects == subject)
-        keep.extend(np.sort(rng.permutation(idx)[:per_subject]).tolist())
-    return mmlu.take(np.asarray(keep))
-
-
-def mmlu_embeddings(
-    mmlu: MMLUData, cache_dir: Path, subjects: list[str] | None = None, encoder: Encoder | None = None
-) -> np.ndarray:
-    """Embeddings of the rows of `subjects` (default: all), computed exactly as the gateway does.
-
-    Text: gateway.pipeline.embed.embedding_text of a one-turn chat request; model: policies.embedder
-    at its own settings (256 word pieces). Cached per subject, so an evaluation embeds only its own.
-    """
-    texts = [runtime_text(p) for p in mmlu.prompts]
-    wanted = sorted(set(mmlu.subjects.tolist())) if subjects is None else subjects
-    return grouped_embeddings(texts, mmlu.subjects, wanted, encoder or RuntimeEncoder(), cache_dir, EMBED_TAG)
-
-
 def _embed_all(texts: list[str], encoder: Encoder, cache_dir: Path, label: str) -> np.ndarray:
     runtime = [runtime_text(t) for t in texts]
     return grouped_embeddings(runtime, np.full(len(runtime), "all"), ["all"], encoder, cache_dir, label)
-
-
-EMBED_TAG = f"mmlu-rt{RUNTIME_MAX_SEQ_LENGTH}"
 
 
 def load_corpus(data_dir: Path, cache_dir: Path) -> Corpus:
@@ -266,7 +238,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                   "family": chosen.candidate.family, "target": chosen.candidate.target,
                   "aux": chosen.candidate.aux, "platt": {"slope": slope, "offset": offset}},
         "embedding": {"model": EMBEDDING_MODEL_NAME, "dimension": int(corpus.emb.shape[1]),
-                      "text": "gateway.pipeline.embed.embedding_text (last user turn, NFKC + whitespace "
+                      "text": "policies.cache.scope.embedding_text (last user turn, NFKC + whitespace "
                               "normalised, first 4000 chars)",
                       "normalized": True, "train_max_seq_length": RUNTIME_MAX_SEQ_LENGTH,
                       "same_as_runtime": True},

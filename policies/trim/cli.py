@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError
+from policies.errors import PolicyError
 from policies.policy import Policy
 from policies.trim.config import TrimPolicy, TrimPolicyError
 from policies.trim.core import trim_request
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         count = edge_token_counter()
     try:
         result = trim_request(body, policy, count)
-    except GatewayError as exc:
+    except PolicyError as exc:
         where = f" (at {exc.param})" if exc.param else ""
         print(f"tierlane trim: {exc.message}{where}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ def trim_request(
 ) -> TrimResult:
     """A trimmed copy of a chat request; the input is never mutated.
 
-    Raises `InvalidRequest` (with `param`) when the messages are malformed.
+    Raises `InvalidInput` (with `param`) when the messages are malformed.
     """
     messages = validate_messages(body)
     counter = TokenCounter.create(count_tokens, policy.message_overhead_tokens, policy.image_part_tokens)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequest
+from policies.errors import InvalidInput
 
 VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -28,36 +28,36 @@ def estimate_tokens(text: str) -> int:
 
 
 def validate_messages(body: Any) -> list[dict[str, Any]]:
-    """The request's messages, or an InvalidRequest naming the bad field."""
+    """The request's messages, or an InvalidInput naming the bad field."""
     if not isinstance(body, Mapping):
-        raise InvalidRequest("the request body must be a JSON object", param=None)
+        raise InvalidInput("the request body must be a JSON object", param=None)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` must be a non-empty array of message objects", param="messages")
+        raise InvalidInput("`messages` must be a non-empty array of message objects", param="messages")
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, Mapping):
-            raise InvalidRequest(f"`{where}` must be an object", param=where)
+            raise InvalidInput(f"`{where}` must be an object", param=where)
         role = msg.get("role")
         if role not in VALID_ROLES:
-            raise InvalidRequest(
+            raise InvalidInput(
                 f"`{where}.role` must be one of {sorted(VALID_ROLES)}, got {role!r}", param=f"{where}.role"
             )
         content = msg.get("content")
         if content is None or isinstance(content, str):
             continue
         if not isinstance(content, list):
-            raise InvalidRequest(
+            raise InvalidInput(
                 f"`{where}.content` must be a string, null or an array of content parts",
                 param=f"{where}.content",
             )
         for j, part in enumerate(content):
             if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-                raise InvalidRequest(
+                raise InvalidInput(
                     f"`{where}.content[{j}]` must be an object with a `type`", param=f"{where}.content[{j}]"
                 )
             if part["type"] == "text" and not isinstance(part.get("text"), str):
-                raise InvalidRequest(
+                raise InvalidInput(
                     f"`{where}.content[{j}].text` must be a string", param=f"{where}.content[{j}].text"
                 )
     return messages  # type: ignore[return-value]

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from helpers import Flow, chat
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest as WireError
+from policies.errors import InvalidInput as InvalidRequest
 from policies.cache.service import SemanticCache
 
 pytestmark = pytest.mark.slow
@@ -75,10 +76,11 @@ async def test_shared_scope_is_an_explicit_opt_in(open_cache, embedder) -> None:
 
 
 async def test_bad_input_is_an_openai_error(flow: Flow) -> None:
-    with pytest.raises(InvalidRequest) as err:
+    # the wire model refuses these before any stage reads them
+    with pytest.raises(WireError) as err:
         await flow.ask(chat(Q, temperature="hot"))
     assert err.value.param == "temperature" and err.value.status == 400
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(WireError) as err:
         await flow.ask(chat(Q, max_tokens=0))
     assert err.value.param == "max_tokens"
 

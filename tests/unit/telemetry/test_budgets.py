@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import BudgetExceeded, RateLimited
+from gateway.errors import from_policy
+from policies.errors import BudgetExceeded
+from policies.errors import LimitExceeded as RateLimited
 from policies.budgets import Budgets, SlidingWindow, SpendRow
 from policies.policy import Policy
 from tests.unit.telemetry.conftest import Clock
@@ -28,9 +30,10 @@ def test_requests_per_minute_admits_exactly_the_limit(clock: Clock) -> None:
         admit(b, f"r{i}", 10)
     with pytest.raises(RateLimited) as err:
         admit(b, "r5", 10)
-    assert err.value.status == 429 and err.value.code == "rate_limit_exceeded"
+    assert err.value.code == "rate_limit_exceeded"
+    assert from_policy(err.value).status == 429
     assert 0 < err.value.retry_after <= 60
-    assert "Retry-After" in err.value.headers()
+    assert "Retry-After" in from_policy(err.value).headers()
     # Another tenant has its own counter.
     admit(b, "other", 10, tenant="globex")
 
@@ -75,7 +78,7 @@ def test_daily_spend_stops_after_the_budget_is_spent(clock: Clock) -> None:
     b.settle("2", 10, 0.5)
     with pytest.raises(BudgetExceeded) as err:
         admit(b, "3", 10)
-    assert err.value.code == "budget_exceeded" and err.value.status == 429
+    assert err.value.code == "budget_exceeded" and from_policy(err.value).status == 429
     assert 0 < err.value.retry_after <= 86400
     clock.advance(86400)  # a new UTC day
     admit(b, "4", 10)

@@ -10,12 +10,12 @@ import pytest
 from aiohttp import web
 
 from gateway.auth import KeyTable, hash_key
-from gateway.errors import InvalidRequest
+from policies.errors import InvalidInput as InvalidRequest
 from gateway.keys import SETTINGS
 from gateway.middleware import build_middleware
 from gateway.routes import shadow as shadow_route
 from gateway.settings import AuthSettings, Settings
-from gateway.timefmt import iso_time, parse_time
+from telemetry.timefmt import iso_time, parse_time
 from tests.unit.telemetry.conftest import TelemetryFactory
 from tests.unit.telemetry.test_usage_report import ADMIN, bearer, gateway_app
 

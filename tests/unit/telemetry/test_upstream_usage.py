@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway.assemble import StreamAssembler
 from gateway.context import Outcome
-from gateway.errors import RateLimited
+from policies.errors import LimitExceeded as RateLimited
 from gateway.lanes import upstream as upstream_lane
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from tests.unit.trim.builders import assistant, system, tool_call, tool_result, user
-from gateway.errors import InvalidRequest
+from gateway.errors import from_policy
+from policies.errors import InvalidInput as InvalidRequest
 from policies.policy import Policy
 from policies.trim import TrimPolicy, TrimPolicyError, trim_request
 from policies.trim.text import normalise_whitespace
@@ -166,7 +167,7 @@ def test_disabled_policy_changes_nothing() -> None:
 def test_bad_messages_are_invalid_requests(body: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
         trim_request(body, _default(), None)
-    assert err.value.status == 400 and err.value.param == param
+    assert from_policy(err.value).status == 400 and err.value.param == param
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import datetime as dt
 import math
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from policies.errors import InvalidInput
 
 # The times a parameter may name: 1970-01-01T00:00:00Z up to the last second `iso_time` can
 # render (9999-12-31T23:59:59Z). Outside it, NaN and the infinities would reach SQLite, date
@@ -18,7 +18,7 @@ MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
 def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
     """Unix seconds, an ISO date (a `to` date includes that whole day) or an ISO datetime (UTC if naive).
 
-    Raises InvalidRequest naming `param` for garbage, NaN, infinities and times outside
+    Raises InvalidInput naming `param` for garbage, NaN, infinities and times outside
     1970-01-01 .. 9999-12-31 (MIN_TS .. MAX_TS); the end of the day 9999-12-31 is MAX_TS.
     """
     text = str(raw).strip()
@@ -39,7 +39,7 @@ def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
             moment = moment.replace(tzinfo=dt.UTC)
         ts = moment.timestamp()
     except (ValueError, OverflowError):
-        raise InvalidRequest(
+        raise InvalidInput(
             f"`{param}` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param=param
         ) from None
     return _in_range(ts, text, param)
@@ -47,7 +47,7 @@ def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
 
 def _in_range(ts: float, text: str, param: str) -> float:
     if not math.isfinite(ts) or not MIN_TS <= ts <= MAX_TS:
-        raise InvalidRequest(
+        raise InvalidInput(
             f"`{param}` must lie between 1970-01-01 and 9999-12-31, got {text!r}", param=param
         )
     return ts

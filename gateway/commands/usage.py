@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.errors import GatewayError
+from policies.errors import PolicyError
 from telemetry.ledger import FILENAME, Ledger
 from telemetry.usage import GROUP_KEYS, UsageQuery, report, run_query, to_csv, to_table
 
@@ -33,7 +33,7 @@ def _usage(args: argparse.Namespace) -> int:
     }
     try:
         query = UsageQuery.parse({k: v for k, v in params.items() if v})
-    except GatewayError as exc:
+    except PolicyError as exc:
         flag = {"from": "--from", "to": "--to", "group_by": "--group-by"}.get(exc.param or "", exc.param)
         print(f"tierlane usage: {flag}: {exc.message}", file=sys.stderr)
         return 2

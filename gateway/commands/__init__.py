@@ -1,0 +1,1 @@
+"""Subcommands of `tierlane` that read the gateway settings (state directory, policy)."""
