@@ -4,6 +4,9 @@ Failures are contained: an error while admitting a request fails that request; a
 a step fails the sequences in that step and the loop goes on; only repeated step failures, or
 an error while cleaning up, end the thread, and then every request it held is failed before
 the context is freed and the engine (the supervisor) starts a fresh scheduler.
+
+How many prompt tokens a step carries comes from the cost model in step_cost.py; finished
+prompts kept for reuse live in the prefix cache of prefix_cache.py.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,16 +22,16 @@ import llama_cpp
 
 from edge_engine.events import GenerationEvent, PrefixEntry, Sequence
 from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
+from edge_engine.prefix_cache import PrefixCache
 from edge_engine.sampling import build_sampler
 from edge_engine.settings import EdgeSettings
 from edge_engine.stats import EngineStats
+from edge_engine.step_cost import StepCost
 from edge_engine.text import StopMatcher
 from edge_engine.errors import EngineBusy, EngineFailure
 
 log = logging.getLogger(__name__)
 
-PROBE_TOKENS = 32  # scratch prompt timed at start to size prompt steps
-PROBE_DEPTH = 512  # ... once at position 0 and once after this many cells (a shallower probe misread the slope by 2x)
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the context is no longer trusted
 
 
@@ -56,16 +58,12 @@ class Scheduler:
         # NOTE: a min-heap, so active ids stay packed: with a KV stream per sequence llama.cpp
         # splits a step into one pass per run of consecutive sequence ids.
         self._free_ids = list(range(settings.slots))
-        self._prefixes: list[PrefixEntry] = []
-        self._prefix_ids = list(range(settings.slots, settings.n_seq_max))
-        self._reserved = 0  # KV cells promised to active sequences and prefix entries
+        self._prefixes: PrefixCache | None = None  # made with the context, on the scheduler thread
+        self._reserved = 0  # KV cells promised to active sequences (prefix entries count their own)
         self._last_step_decoded = True
         self._last_decode_at = 0.0
-        # Prompt step cost model, calibrated once at start: a prompt token at position p costs
-        # about _ms_token + _ms_cell * p (attention reads every earlier cell).
-        self._ms_token = 0.0
-        self._ms_cell = 0.0
-        self.chunk = settings.prefill_chunk  # prompt tokens per step at position 0
+        # Prompt step cost model, calibrated once at start (see step_cost.py)
+        self.steps = StepCost(settings.prefill_chunk)
         self._service_s = 2.0  # running mean of request durations, for Retry-After
         self._in_step: list[Sequence] = []  # the sequences of the step being run
         self._step_failures = 0  # consecutive
@@ -120,17 +118,18 @@ class Scheduler:
     def load(self) -> dict[str, int]:
         with self._cond:
             waiting = len(self._waiting)
+        prefixes, steps = self._prefixes, self.steps
+        prefix_cells = prefixes.cells if prefixes is not None else 0
         return {
             "queue_depth": waiting,
             "active_sequences": len(self._active),
-            "kv_cells_reserved": self._reserved,
-            "kv_cells_used": sum(s.n_past - s.cached for s in self._active)
-            + sum(len(p.tokens) for p in self._prefixes),
+            "kv_cells_reserved": self._reserved + prefix_cells,
+            "kv_cells_used": sum(s.n_past - s.cached for s in self._active) + prefix_cells,
             "kv_cells_total": self.ctx.n_ctx_total if self.ctx else self.settings.n_ctx,
             "slots": self.settings.slots,
-            "prefix_entries": len(self._prefixes),
-            "prompt_tokens_per_step": self.chunk,
-            "prompt_tokens_per_step_at_n_ctx": self._piece(self.ctx.n_ctx - 1 if self.ctx else self.settings.n_ctx - 1),
+            "prefix_entries": len(prefixes) if prefixes is not None else 0,
+            "prompt_tokens_per_step": steps.chunk,
+            "prompt_tokens_per_step_at_n_ctx": steps.piece(self.ctx.n_ctx - 1 if self.ctx else self.settings.n_ctx - 1),
         }
 
     def _retry_after(self, waiting: int) -> float:
@@ -153,7 +152,12 @@ class Scheduler:
                 kv_cache_type=s.kv_cache_type,
                 per_sequence_streams=s.batch_invariant,
             )
-            self.chunk = self._calibrate_steps()
+            self._prefixes = PrefixCache(
+                self.ctx, range(s.slots, s.n_seq_max), enabled=s.prefix_reuse, min_tokens=s.min_prefix_tokens
+            )
+            self.steps = StepCost.calibrate(
+                self.ctx, self.model, self._free_ids[0], step_ms=s.prefill_step_ms, max_tokens=s.prefill_chunk
+            )
         except BaseException as exc:  # handed to start(), which raises it on the loop
             with self._cond:
                 self._stopping = True
@@ -228,16 +232,17 @@ class Scheduler:
             seq.deliver(EngineBusy("the edge engine is busy: no KV cells freed up in time", retry_after=self._retry_after(len(self._waiting))))
 
     def _admit(self) -> None:
-        assert self.ctx is not None
+        assert self.ctx is not None and self._prefixes is not None
         while self._free_ids:
             with self._cond:
                 if not self._waiting:
                     return
                 seq = self._waiting[0][2]
-            source, shared = self._best_prefix(seq.prompt, seq.scope)
-            borrowed = shared if isinstance(source, PrefixEntry) else 0
+            source, shared = self._prefixes.best(seq.prompt, seq.scope, self._active)
+            entry = source if isinstance(source, PrefixEntry) else None
+            borrowed = shared if entry is not None else 0
             need = len(seq.prompt) - borrowed + seq.max_new
-            if not self._make_room(need, keep=source if isinstance(source, PrefixEntry) else None):
+            if not self._prefixes.make_room(need, self._reserved, keep=entry):
                 return  # the head of the queue waits for cells; order is kept
             with self._cond:
                 heapq.heappop(self._waiting)
@@ -246,10 +251,9 @@ class Scheduler:
             if source is not None and shared:
                 self.ctx.copy_prefix(source.seq_id, seq.seq_id, shared)
                 seq.n_past = seq.cached = shared
-                if isinstance(source, PrefixEntry):
-                    source.refs += 1
-                    source.last_used = time.perf_counter()
-                    seq.prefix = source
+                if entry is not None:
+                    self._prefixes.borrow(entry)
+                    seq.prefix = entry
             seq.tokens = list(seq.prompt[: seq.n_past])
             seq.reserved = need
             self._reserved += need
@@ -265,112 +269,6 @@ class Scheduler:
             self.stats.requests_total += 1
             self.stats.cached_tokens_total += seq.cached
 
-    def _best_prefix(self, prompt: list[int], scope: str) -> tuple[PrefixEntry | Sequence | None, int]:
-        best: PrefixEntry | Sequence | None = None
-        best_len = 0
-        if not self.settings.prefix_reuse:
-            return None, 0
-        candidates: list[tuple[PrefixEntry | Sequence, list[int], int]] = [
-            (p, p.tokens, len(p.tokens)) for p in self._prefixes if p.scope == scope
-        ] + [(s, s.tokens, s.n_past) for s in self._active if s.scope == scope]
-        best_cells = 0
-        for source, tokens, limit in candidates:
-            n = _common_prefix(tokens, prompt, limit)
-            # NOTE: the state API copies every cell of the source, so of equal prefixes take the
-            # smallest source (a 1,500-cell prompt costs 6-50 ms to copy, a short one ~2 ms).
-            if n > best_len or (n and n == best_len and limit < best_cells):
-                best, best_len, best_cells = source, n, limit
-        # at least one prompt token must be decoded to get logits for the first sample
-        best_len = min(best_len, len(prompt) - 1)
-        if best_len < self.settings.min_prefix_tokens:
-            return None, 0
-        return best, best_len
-
-    def _make_room(self, need: int, keep: PrefixEntry | None) -> bool:
-        assert self.ctx is not None
-        if self.ctx.per_sequence_streams:
-            return True  # each sequence owns n_ctx cells; submit() caps prompt + completion at that
-        while self._reserved + need > self.ctx.n_ctx:
-            idle = [p for p in self._prefixes if p.refs == 0 and p is not keep]
-            if not idle:
-                return False
-            self._evict(min(idle, key=lambda p: p.last_used))
-        return True
-
-    def _evict(self, entry: PrefixEntry) -> None:
-        assert self.ctx is not None
-        self.ctx.seq_rm(entry.seq_id)
-        self._prefixes.remove(entry)
-        self._prefix_ids.append(entry.seq_id)
-        self._reserved -= len(entry.tokens)
-
-    def _calibrate_steps(self) -> int:
-        """Times a scratch prompt at position 0 and after PROBE_DEPTH cells, once, at start.
-
-        Prompt steps are then sized from that cost model to take about prefill_step_ms at
-        any depth of a prompt (at most prefill_chunk tokens). The sizes depend only on where
-        a piece starts, never on load or on what shares the step.
-        """
-        s = self.settings
-        if s.prefill_step_ms is None:
-            return s.prefill_chunk
-        assert self.ctx is not None and self.model is not None
-        probe = (self.model.tokenize("The quick brown fox jumps over the lazy dog. " * 8, add_special=False) * 4)[:PROBE_TOKENS]
-        scratch = self._free_ids[0]
-        depth = max(0, min(PROBE_DEPTH, self.ctx.n_ctx - 2 * len(probe)))
-
-        def timed(start: int) -> float | None:
-            begin = time.perf_counter()
-            rc = self.ctx.decode([BatchEntry(t, start + i, scratch, i == len(probe) - 1) for i, t in enumerate(probe)])
-            elapsed = (time.perf_counter() - begin) * 1000.0 / len(probe)
-            self.ctx.seq_rm(scratch, start, -1)
-            return None if rc != 0 else elapsed
-
-        try:
-            near = [timed(0) for _ in range(3)][1:]  # the first pass pays for graph allocation
-            far: list[float | None] = []
-            if depth:
-                fill = (probe * (depth // len(probe) + 1))[:depth]
-                for lo in range(0, depth, self.ctx.n_batch):
-                    part = fill[lo : lo + self.ctx.n_batch]
-                    self.ctx.decode([BatchEntry(t, lo + i, scratch, False) for i, t in enumerate(part)])
-                far = [timed(depth) for _ in range(2)]
-        finally:
-            self.ctx.seq_rm(scratch)
-        if None in near or None in far:
-            return min(s.prefill_chunk, 16)
-        t0 = min(near)  # type: ignore[type-var]
-        self._ms_cell = max(0.0, (min(far) - t0) / depth) if far else 0.0  # type: ignore[type-var]
-        self._ms_token = max(1e-3, t0 - self._ms_cell * len(probe) / 2)
-        chunk = self._piece(0)
-        log.info(
-            "edge prompt steps: %d tokens at position 0, %d at %d (%.2f ms per prompt token + %.4f ms per earlier cell)",
-            chunk, self._piece(self.ctx.n_ctx - 1), self.ctx.n_ctx - 1, self._ms_token, self._ms_cell,
-        )
-        return chunk
-
-    def _modelled(self) -> bool:
-        return self.settings.prefill_step_ms is not None and self._ms_token > 0.0
-
-    def _step_budget(self) -> float:
-        """What one prompt step may carry: milliseconds of modelled work, else tokens."""
-        return float(self.settings.prefill_step_ms) if self._modelled() else float(self.chunk)  # type: ignore[arg-type]
-
-    def _piece(self, start: int) -> int:
-        """Prompt tokens of one step starting at position `start`: about prefill_step_ms of work."""
-        s = self.settings
-        if not self._modelled():
-            return self.chunk
-        # n tokens from `start` cost n * (a + b * (start + n / 2)); the largest n within the step
-        a, b, budget = self._ms_token + self._ms_cell * start, self._ms_cell, s.prefill_step_ms
-        n = budget / a if b == 0.0 else (math.sqrt(a * a + 2.0 * b * budget) - a) / b
-        return max(1, min(s.prefill_chunk, int(n)))
-
-    def _piece_cost(self, start: int, n: int) -> float:
-        if not self._modelled():
-            return float(n)
-        return n * (self._ms_token + self._ms_cell * (start + n / 2))
-
     def _decode_turn(self, now: float) -> bool:
         """Whether this step decodes the running sequences rather than ingesting prompts."""
         if self._last_step_decoded:
@@ -385,7 +283,7 @@ class Scheduler:
             assert seq.last_token is not None
             parts.append((seq, [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]))
         n_decode = len(parts)
-        budget = self._step_budget()
+        budget = self.steps.budget()
         started = time.perf_counter()
         if parts and not self.settings.mix_prefill and any(s.prefilling for s in self._active):
             # NOTE: prompt chunks get their own steps. Prompts go first (new requests reach
@@ -400,14 +298,14 @@ class Scheduler:
         # not share a step with short ones.
         prefilling = sorted(
             (s for s in self._active if s.prefilling),
-            key=lambda s: (int(s.priority), self._piece_cost(s.n_past, len(s.prompt) - s.n_past), s.order),
+            key=lambda s: (int(s.priority), self.steps.cost(s.n_past, len(s.prompt) - s.n_past), s.order),
         )
         width = 0
         for seq in prefilling:
             # NOTE: where a prompt is cut depends only on where each piece starts, whatever
             # shares the step: greedy text must not depend on other traffic.
-            take = min(len(seq.prompt) - seq.n_past, self._piece(seq.n_past))
-            cost = self._piece_cost(seq.n_past, take)
+            take = min(len(seq.prompt) - seq.n_past, self.steps.piece(seq.n_past))
+            cost = self.steps.cost(seq.n_past, take)
             # the first piece always goes (it was sized to the step); others only if they fit
             if budget <= 0 or (width and budget < cost * (1.0 - 1e-9)):
                 break
@@ -495,40 +393,19 @@ class Scheduler:
         self._release(seq, keep_prefix=True)
 
     def _release(self, seq: Sequence, keep_prefix: bool) -> None:
-        assert self.ctx is not None
+        assert self.ctx is not None and self._prefixes is not None
         self._active.remove(seq)
         if keep_prefix:
-            self._keep_prefix(seq)
+            # before its cells go and its borrowed entry is given back (that one is not idle yet)
+            self._prefixes.keep(seq, reserved=self._reserved - seq.reserved)
         self.ctx.seq_rm(seq.seq_id)
         heapq.heappush(self._free_ids, seq.seq_id)
         self._reserved -= seq.reserved
         if seq.prefix is not None:
-            seq.prefix.refs -= 1
+            self._prefixes.give_back(seq.prefix)
         if seq.sampler is not None:
             llama_cpp.llama_sampler_free(seq.sampler)
             seq.sampler = None
-
-    def _keep_prefix(self, seq: Sequence) -> None:
-        """Moves a finished prompt's cells to a prefix entry so later requests can share them."""
-        assert self.ctx is not None
-        n = len(seq.prompt)
-        if not self.settings.prefix_reuse or self.settings.prefix_slots == 0 or n < self.settings.min_prefix_tokens:
-            return
-        if any(p.scope == seq.scope and _common_prefix(p.tokens, seq.prompt, n) == n for p in self._prefixes):
-            return
-        if not self._prefix_ids:
-            idle = [p for p in self._prefixes if p.refs == 0]
-            if not idle:
-                return
-            self._evict(min(idle, key=lambda p: p.last_used))
-        if not self.ctx.per_sequence_streams and self._reserved - seq.reserved + n > self.ctx.n_ctx:
-            return
-        entry = PrefixEntry(
-            seq_id=self._prefix_ids.pop(), tokens=list(seq.prompt), scope=seq.scope, last_used=time.perf_counter()
-        )
-        self.ctx.copy_prefix(seq.seq_id, entry.seq_id, n)
-        self._prefixes.append(entry)
-        self._reserved += n
 
     def _shutdown(self) -> None:
         """Refuses new work, fails every request held, then frees the context (never the model)."""
@@ -547,12 +424,3 @@ class Scheduler:
         self._active = []
         if self.ctx is not None:
             self.ctx.close()
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
