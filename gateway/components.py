@@ -7,7 +7,6 @@ reverse order.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,24 +24,27 @@ class Component:
     build: Builder
 
 
-def _section_on(name: str) -> Callable[[Settings, Policy], bool]:
-    return lambda settings, policy: bool(policy.section(name).get("enabled", True))
+def _cache_on(settings: Settings, policy: Policy) -> bool:
+    from policies.cache.config import CacheConfig
+
+    # NOTE: parsing the raw section (overrides included) here, not where the cache is built,
+    # makes a misspelt key in any override fail at start-up even when the cache is off.
+    return CacheConfig.from_section(policy.section("cache")).enabled
 
 
 async def _telemetry(settings: Settings, policy: Policy) -> Any:
+    from gateway.errors import known_error_codes
     from telemetry.core import build_telemetry
 
-    return await build_telemetry(settings, policy)
+    return await build_telemetry(settings, policy, known_error_codes())
 
 
 async def _engine(settings: Settings, policy: Policy) -> Any:
-    from edge_engine import EdgeEngine, EdgeSettings
+    from edge_engine import EdgeEngine
 
-    cfg = settings.edge.model_dump(exclude={"enabled", "aliases"}, exclude_none=True)
-    # One core is left to the event loop and the embedder: llama.cpp's spinning threads
-    # collapse throughput when they share every core with other work.
-    cfg.setdefault("n_threads", max(1, (os.cpu_count() or 1) - 1))
-    engine = EdgeEngine(EdgeSettings(**cfg))
+    # The `edge` section is the engine's settings model (validated and defaulted at load); the
+    # lane's own fields on it (enabled, aliases) are never read by the engine.
+    engine = EdgeEngine(settings.edge)
     await engine.start()
     return engine
 
@@ -73,5 +75,5 @@ COMPONENTS: list[Component] = [
     Component("engine", lambda s, p: s.edge.enabled, _engine),
     # One embedding per request, shared by the semantic cache and the router.
     Component("embedder", lambda s, p: s.embedder.enabled, _embedder),
-    Component("cache", _section_on("cache"), _cache),
+    Component("cache", _cache_on, _cache),
 ]

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge_engine.settings import attention_problem
+from edge_engine.settings import EdgeSettings
 from policies.policy import _deep_merge
 
 
@@ -119,42 +119,19 @@ class PoolSettings(_Strict):
     fallback: list[str] = Field(default_factory=list)
 
 
-class EdgeSettingsModel(_Strict):
-    enabled: bool = True
-    model_name: str = "edge"
-    aliases: list[str] = Field(default_factory=list)
-    model_path: str | None = None
-    n_ctx: int = Field(2048, ge=256, description="KV cells per sequence: longest prompt + completion")
-    n_threads: int | None = Field(None, ge=1)
-    n_batch: int = Field(512, ge=8)
-    slots: int = Field(8, ge=1)
-    prefill_chunk: int = Field(256, ge=1, description="most prompt tokens in one step")
-    prefill_step_ms: float | None = Field(
-        150.0, gt=0, description="prompt steps are sized to take about this long (a new request waits at most one)"
-    )
-    decode_gap_ms: float = Field(
-        100.0, ge=0, description="while prompts are ingested, running sequences still decode at least this often"
-    )
-    n_gpu_layers: int = 0
-    max_queue: int = Field(64, ge=1)
-    batch_invariant: bool = Field(
-        True, description="greedy output independent of other traffic (one KV stream per sequence; more memory)"
-    )
-    prefix_reuse: bool = Field(True, description="reuse the KV cache of a shared prompt prefix")
-    mix_prefill: bool = Field(False, description="prompt chunks share steps with decodes (faster, not exact)")
-    flash_attn: bool = Field(True, description="fused attention kernel (1.13x decode throughput at 8 streams on 2 CPU threads)")
-    kv_cache_type: str | None = Field(
-        None,
-        description="KV cell type (q8_0, q4_0, f16, f32); null: q8_0 with flash attention (half f16's "
-        "memory; quality in bench/edge_kv_quality.py), f16 without",
-    )
+class EdgeSettingsModel(EdgeSettings):
+    """The `edge` section: the engine's own settings model, plus the two fields only the gateway reads.
 
-    @model_validator(mode="after")
-    def _attention(self) -> EdgeSettingsModel:
-        problem = attention_problem(self.flash_attn, self.kv_cache_type, self.batch_invariant, self.n_gpu_layers)
-        if problem:
-            raise ValueError(problem)
-        return self
+    NOTE: every engine field, its default and its bounds come from `edge_engine.settings.EdgeSettings`
+    (extra keys forbidden there too), so the gateway can set all of them and repeats none; this
+    object is what `gateway.components` hands to the engine.
+    """
+
+    enabled: bool = Field(True, description="start the edge lane (TIERLANE_EDGE=off: do not)")
+    aliases: list[str] = Field(
+        default_factory=lambda: ["smollm2", "SmolLM2-135M-Instruct"],
+        description="more model names that reach the edge lane (besides model_name)",
+    )
 
 
 class EmbedderSettings(_Strict):

@@ -4,15 +4,141 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.cache.scope import ScopeRules
-from policies.cache.verify import VerifyConfig
+from policies.cache.verify import VerifyConfig, VerifySection
+from policies.policy import Policy
+
+# Request fields known not to change the answer (see policies/defaults/cache.yaml).
+_NEUTRAL_PARAMS = (
+    "model", "stream", "stream_options", "user", "metadata", "store", "service_tier",
+    "max_tokens", "max_completion_tokens", "prompt_cache_key", "safety_identifier",
+)
+_MATCH_KEYS = frozenset({"tenant", "app", "model", "route"})  # what SemanticCache.config_for resolves with
+
+
+class CachePolicyError(ValueError):
+    """The cache section of the policy is malformed; raised at start-up, not per request."""
+
+
+class _Section(BaseModel):
+    # NOTE: strict, as the hand-written parsers were: "yes" is not a boolean and "5" not a number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class CacheOverride(_Section):
+    """One `cache.overrides` rule: `set` is merged over the section where every `match` key agrees."""
+
+    match: dict[str, Any] = Field(default_factory=dict, description="tenant, app, model, route: a name or a list")
+    set: dict[str, Any] = Field(default_factory=dict, description="cache keys, as in the section itself")
+
+    @field_validator("match")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _match_names(value)
+
+
+class CacheSection(_Section):
+    """The `cache` policy section as written. Its defaults are the shipped policy's.
+
+    NOTE: the one source of these defaults; policies/defaults/cache.yaml lists the same values
+    for operators to read, and a test keeps the two equal.
+    """
+
+    enabled: bool = True
+    operations: list[Literal["chat", "completions", "embeddings"]] = Field(
+        default_factory=lambda: ["chat"], min_length=1, description="operations whose answers are cached"
+    )
+    exact: bool = Field(True, description="hash of the normalised request, tried before the semantic search")
+    semantic: bool = True
+    # 0.02 above the lowest value where precision >= 0.97 holds on STS-B and GPTCache alike
+    # (bench/cache_quality.py).
+    threshold: float = Field(0.82, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
+    candidates: int = Field(4, ge=1, description="best candidates verified, most similar first")
+    ttl_s: float = Field(86_400, gt=0, description="entries expire this long after they were stored")
+    max_entries: int = Field(100_000, ge=1, description="least recently used entries are evicted above this")
+    max_temperature: float = Field(0.7, ge=0, description="above this the answer is a sample: not cached")
+    share_across_tenants: bool = Field(False, description="true only for public content")
+    max_text_chars: int = Field(4000, ge=1, description="longer last turns are matched exactly, never semantically")
+    neutral_params: list[str] = Field(
+        default_factory=lambda: list(_NEUTRAL_PARAMS), description="request fields that never change the answer"
+    )
+    verify: VerifySection = Field(default_factory=VerifySection)
+    overrides: list[CacheOverride] = Field(default_factory=list)
+
+
+# NOTE: the four helpers here are the same in policies/trim/config.py; they belong in
+# policies/policy.py beside `Policy.resolve`, whose merge they replay.
+
+
+def _match_names(match: dict[str, Any]) -> dict[str, Any]:
+    for key, want in match.items():
+        names = want if isinstance(want, list) else [want]
+        if not all(name is None or isinstance(name, str) for name in names):
+            raise ValueError(f"{key} must be a name or a list of names (\"*\": any), got {want!r}")
+    return match
+
+
+def _problems(exc: ValidationError, where: str, model: type[BaseModel]) -> str:
+    """One clause per error, each naming the dotted path of the key at fault."""
+    out = []
+    for error in exc.errors():
+        path = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            owner: Any = model
+            for part in error["loc"][:-1]:  # walk to the model that refused the key
+                if isinstance(part, int):
+                    owner = next(iter(get_args(owner)), None)  # list[Model] -> Model
+                elif isinstance(owner, type) and issubclass(owner, BaseModel) and part in owner.model_fields:
+                    owner = owner.model_fields[part].annotation
+                else:
+                    owner = None
+            known = sorted(owner.model_fields) if isinstance(owner, type) and issubclass(owner, BaseModel) else []
+            out.append(f"{path}: extra fields not permitted" + (f" (known: {', '.join(known)})" if known else ""))
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            got = repr(error["input"])
+            got = got if len(got) <= 60 else got[:57] + "..."
+            out.append(f"{path}: {message} (got {got})" if error["loc"] else f"{path}: {message}")
+    return "; ".join(out)
+
+
+def _validate(model: type[_M], data: Any, where: str, error: type[ValueError]) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(_problems(exc, where, model)) from None
+
+
+def _parse_with_overrides(
+    model: type[_M], section: Mapping[str, Any], name: str, match_keys: frozenset[str], error: type[ValueError]
+) -> _M:
+    """The section parsed; each `overrides` rule's `match` checked and its `set` parsed merged over it."""
+    if not isinstance(section, Mapping):
+        raise error(f"{name}: must be a mapping, got {type(section).__name__}")
+    parsed = _validate(model, dict(section), name, error)
+    base = {k: v for k, v in section.items() if k != "overrides"}
+    for index, rule in enumerate(section.get("overrides") or []):
+        at = f"{name}.overrides[{index}]"
+        unknown = sorted(set(rule.get("match") or {}) - match_keys)
+        if unknown:
+            raise error(f"{at}.match.{unknown[0]}: extra fields not permitted (known: {', '.join(sorted(match_keys))})")
+        if "overrides" in (rule.get("set") or {}):
+            raise error(f"{at}.set.overrides: an override cannot carry overrides")
+        alone = Policy(sections={name: {**base, "overrides": [{"match": {}, "set": rule.get("set") or {}}]}})
+        _validate(model, alone.resolve(name), f"{at}.set", error)
+    return parsed
 
 
 @dataclass(slots=True, frozen=True)
 class CacheConfig:
-    """The resolved `cache` policy for one request."""
+    """The resolved `cache` policy for one request (built from `CacheSection`, which has the defaults)."""
 
     enabled: bool
     operations: frozenset[str]
@@ -28,29 +154,26 @@ class CacheConfig:
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> CacheConfig:
-        threshold = float(section.get("threshold", 0.86))
-        if not -1.0 <= threshold <= 1.0:
-            raise ValueError(f"cache.threshold must be a cosine similarity in [-1, 1], got {threshold}")
-        candidates = int(section.get("candidates", 4))
-        if candidates < 1:
-            raise ValueError("cache.candidates must be at least 1")
-        max_entries = int(section.get("max_entries", 100_000))
-        if max_entries < 1:
-            raise ValueError("cache.max_entries must be at least 1")
+        """The config of a resolved section (missing keys: the defaults).
+
+        Given the raw policy section, with its `overrides`, each override is validated too and
+        the base config is returned: that is the start-up check. Raises CachePolicyError.
+        """
+        parsed = _parse_with_overrides(CacheSection, section, "cache", _MATCH_KEYS, CachePolicyError)
         return cls(
-            enabled=bool(section.get("enabled", True)),
-            operations=frozenset(section.get("operations") or ("chat",)),
-            exact=bool(section.get("exact", True)),
-            semantic=bool(section.get("semantic", True)),
-            threshold=threshold,
-            candidates=candidates,
-            ttl_s=float(section.get("ttl_s", 86_400)),
-            max_entries=max_entries,
-            max_text_chars=int(section.get("max_text_chars", 4000)),
+            enabled=parsed.enabled,
+            operations=frozenset(parsed.operations),
+            exact=parsed.exact,
+            semantic=parsed.semantic,
+            threshold=parsed.threshold,
+            candidates=parsed.candidates,
+            ttl_s=parsed.ttl_s,
+            max_entries=parsed.max_entries,
+            max_text_chars=parsed.max_text_chars,
             rules=ScopeRules(
-                max_temperature=float(section.get("max_temperature", 0.7)),
-                neutral_params=frozenset(str(p) for p in section.get("neutral_params") or ()),
-                share_across_tenants=bool(section.get("share_across_tenants", False)),
+                max_temperature=parsed.max_temperature,
+                neutral_params=frozenset(parsed.neutral_params),
+                share_across_tenants=parsed.share_across_tenants,
             ),
-            verify=VerifyConfig.from_policy(section.get("verify") or {}),
+            verify=parsed.verify.config(),
         )

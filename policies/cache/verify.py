@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 _TOKEN = re.compile(r"[a-z0-9_]+(?:['’][a-z]+)?")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:%)?")
@@ -46,47 +48,86 @@ def _forms(word: str) -> set[str]:
     return {word, word + "s", word + "es", word + "d", word + "ed", stem + "ing", stem + "er", stem + "est"}
 
 
-def _words(section: Mapping[str, Any], name: str) -> frozenset[str]:
-    words = section.get(name) or ()
-    if not all(isinstance(w, str) for w in words):
-        raise ValueError(f"cache.verify.{name} must be a list of quoted words (YAML reads bare no/yes as booleans)")
-    return frozenset(w.lower() for w in words)
+_OPPOSITE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("man", "woman"), ("men", "women"), ("boy", "girl"), ("he", "she"), ("him", "her"),
+    ("male", "female"), ("increase", "decrease"), ("before", "after"), ("above", "below"),
+    ("buy", "sell"), ("min", "max"), ("minimum", "maximum"), ("encrypt", "decrypt"),
+    ("encode", "decode"), ("compress", "decompress"), ("import", "export"), ("upload", "download"),
+    ("enable", "disable"), ("add", "remove"), ("install", "uninstall"), ("open", "close"),
+    ("win", "lose"), ("up", "down"), ("first", "last"), ("largest", "smallest"),
+    ("highest", "lowest"), ("best", "worst"), ("more", "less"), ("true", "false"), ("push", "pull"),
+    ("start", "stop"), ("north", "south"), ("east", "west"), ("hot", "cold"),
+    ("ascending", "descending"), ("inner", "outer"), ("left", "right"), ("input", "output"),
+    ("positive", "negative"), ("forward", "backward"),
+)
+_NEGATION_WORDS = ("not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "nowhere")
+_WordPair = Annotated[tuple[str, str], Strict(False)]  # NOTE: YAML gives [a, b] lists; the words stay strict
+
+
+class VerifySection(BaseModel):
+    """The `cache.verify` policy section as written; its defaults are the shipped policy's.
+
+    NOTE: policies/defaults/cache.yaml lists these same values (a test keeps the two equal).
+    Strict: a misspelt key fails, and YAML's bare no/yes (booleans) are not taken for words.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    numbers: bool = Field(True, description='"5 km" never matches "50 km"')
+    entities: bool = Field(True, description="capitalised names must appear on both sides")
+    negation: bool = Field(True, description='"how do I enable" never matches "how do I not enable"')
+    direction: bool = Field(True, description='"A to B" never matches "B to A"')
+    opposites: bool = Field(True, description="a word of an opposite pair never matches the other")
+    direction_window: int = Field(3, ge=1, description="words on each side of a direction marker")
+    negation_words: list[str] = Field(default_factory=lambda: list(_NEGATION_WORDS))
+    forward_markers: list[str] = Field(default_factory=lambda: ["to", "into", "towards", "than", "onto"])
+    reverse_markers: list[str] = Field(default_factory=lambda: ["from"])
+    opposite_pairs: list[_WordPair] = Field(default_factory=lambda: list(_OPPOSITE_PAIRS))
+
+    @field_validator("negation_words", "forward_markers", "reverse_markers", mode="before")
+    @classmethod
+    def _quoted_words(cls, value: Any) -> Any:
+        if isinstance(value, list) and not all(isinstance(w, str) for w in value):
+            raise ValueError("must be a list of quoted words (YAML reads bare no/yes as booleans)")
+        return value
+
+    def config(self) -> VerifyConfig:
+        """The checks as `verify` uses them: lowercased word sets, each opposite with its inflections."""
+        return VerifyConfig(
+            numbers=self.numbers,
+            entities=self.entities,
+            negation=self.negation,
+            direction=self.direction,
+            opposites=self.opposites,
+            negation_words=frozenset(w.lower() for w in self.negation_words),
+            forward_markers=frozenset(w.lower() for w in self.forward_markers),
+            reverse_markers=frozenset(w.lower() for w in self.reverse_markers),
+            direction_window=self.direction_window,
+            opposite_pairs=tuple(
+                (frozenset(_forms(one.lower())), frozenset(_forms(other.lower()))) for one, other in self.opposite_pairs
+            ),
+        )
 
 
 @dataclass(slots=True, frozen=True)
 class VerifyConfig:
-    """Which checks run, and the word lists they use (from the `cache.verify` policy)."""
+    """Which checks run, and the word lists they use (built from `VerifySection`, which has the defaults)."""
 
-    numbers: bool = True
-    entities: bool = True
-    negation: bool = True
-    direction: bool = True
-    opposites: bool = True
-    negation_words: frozenset[str] = frozenset()
-    forward_markers: frozenset[str] = frozenset()
-    reverse_markers: frozenset[str] = frozenset()
-    direction_window: int = 3
-    opposite_pairs: tuple[tuple[frozenset[str], frozenset[str]], ...] = field(default_factory=tuple)
+    numbers: bool
+    entities: bool
+    negation: bool
+    direction: bool
+    opposites: bool
+    negation_words: frozenset[str]
+    forward_markers: frozenset[str]
+    reverse_markers: frozenset[str]
+    direction_window: int
+    opposite_pairs: tuple[tuple[frozenset[str], frozenset[str]], ...]
 
     @classmethod
     def from_policy(cls, section: Mapping[str, Any]) -> VerifyConfig:
-        pairs = []
-        for pair in section.get("opposite_pairs") or []:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(w, str) for w in pair):
-                raise ValueError(f"cache.verify.opposite_pairs entries must be [word, word], got {pair!r}")
-            pairs.append((frozenset(_forms(pair[0].lower())), frozenset(_forms(pair[1].lower()))))
-        return cls(
-            numbers=bool(section.get("numbers", True)),
-            entities=bool(section.get("entities", True)),
-            negation=bool(section.get("negation", True)),
-            direction=bool(section.get("direction", True)),
-            opposites=bool(section.get("opposites", True)),
-            negation_words=_words(section, "negation_words"),
-            forward_markers=_words(section, "forward_markers"),
-            reverse_markers=_words(section, "reverse_markers"),
-            direction_window=int(section.get("direction_window", 3)),
-            opposite_pairs=tuple(pairs),
-        )
+        """Parse a `cache.verify` section (missing keys: the shipped defaults); raises pydantic's ValidationError."""
+        return VerifySection.model_validate(section or {}).config()
 
 
 @dataclass(slots=True)

@@ -3,139 +3,215 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.policy import Policy
 
 LOSSLESS_PASSES: tuple[str, ...] = ("whitespace", "boilerplate", "duplicates")
 BUDGETED_PASSES: tuple[str, ...] = ("tool_output", "history")
 PASSES: tuple[str, ...] = LOSSLESS_PASSES + BUDGETED_PASSES
+_MATCH_KEYS = frozenset({"tenant", "app", "model"})  # what the trim stage resolves with
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class TrimPolicyError(ValueError):
     """The trim section of the policy is malformed; raised at start-up, not per request."""
 
 
-def _take(d: Mapping[str, Any], where: str, allowed: set[str]) -> dict[str, Any]:
-    if d is None:
-        return {}
-    if not isinstance(d, Mapping):
-        raise TrimPolicyError(f"trim policy: `{where}` must be a mapping, got {type(d).__name__}")
-    unknown = set(d) - allowed
-    if unknown:
-        raise TrimPolicyError(
-            f"trim policy: unknown key(s) {sorted(unknown)} in `{where}`; allowed: {sorted(allowed)}"
-        )
-    return dict(d)
+class _Section(BaseModel):
+    # NOTE: strict, as the hand-written parser was: "yes" is not a boolean and "5" not a number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-def _bool(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
-    value = d.get(key, default)
-    if not isinstance(value, bool):
-        raise TrimPolicyError(f"trim policy: `{where}.{key}` must be true or false, got {value!r}")
-    return value
+class _Switch(_Section):
+    enabled: bool = True
 
 
-def _int(d: Mapping[str, Any], key: str, default: int | None, where: str, minimum: int = 0) -> int | None:
-    value = d.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TrimPolicyError(
-            f"trim policy: `{where}.{key}` must be an integer >= {minimum}, got {value!r}"
-        )
-    return value
+class _Boilerplate(_Section):
+    enabled: bool = True
+    min_repeats: int = Field(3, ge=2, description="identical consecutive lines collapsed to one and a count")
+    min_paragraph_chars: int = Field(200, ge=1, description="a paragraph repeated within one message becomes a marker")
 
 
-def _str_list(d: Mapping[str, Any], key: str, where: str) -> frozenset[str]:
-    value = d.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise TrimPolicyError(f"trim policy: `{where}.{key}` must be a list of strings, got {value!r}")
-    return frozenset(value)
+class _Pin(_Section):
+    roles: list[str] = Field(default_factory=list, description="messages of these roles are never changed or dropped")
+    names: list[str] = Field(default_factory=list, description="nor messages whose `name` is listed")
+
+    @field_validator("roles", "names", mode="before")
+    @classmethod
+    def _empty(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
-@dataclass(slots=True, frozen=True)
-class ToolOutputPolicy:
+class ToolOutputPolicy(_Section):
     """Long tool/function results are cut to a head and a tail around a marker."""
 
     enabled: bool = True
-    max_tokens: int = 2048
-    head_tokens: int = 1024
-    tail_tokens: int = 768
+    max_tokens: int = Field(2048, ge=64, description="longer tool/function results keep head and tail")
+    head_tokens: int = Field(1024, ge=0)
+    tail_tokens: int = Field(768, ge=0)
+
+    @model_validator(mode="after")
+    def _room_for_the_marker(self) -> ToolOutputPolicy:
+        # The marker needs room, or a second trim would cut the already-cut output again.
+        if self.head_tokens + self.tail_tokens + 32 > self.max_tokens:
+            raise ValueError(
+                "head_tokens + tail_tokens must leave at least 32 tokens under max_tokens "
+                f"({self.head_tokens} + {self.tail_tokens} vs {self.max_tokens})"
+            )
+        return self
 
 
-@dataclass(slots=True, frozen=True)
-class HistoryPolicy:
+class HistoryPolicy(_Section):
     """A token budget for the whole prompt, met by dropping the oldest middle turns."""
 
     enabled: bool = True
-    max_tokens: int | None = None
-    marker: bool = False
+    max_tokens: int | None = Field(None, ge=1, description="prompt budget; null keeps every turn")
+    marker: bool = Field(False, description="insert a system note where turns were dropped")
+
+
+class TrimOverride(_Section):
+    """One `trim.overrides` rule: `set` is merged over the section where every `match` key agrees."""
+
+    match: dict[str, Any] = Field(default_factory=dict, description="tenant, app, model: a name or a list")
+    set: dict[str, Any] = Field(default_factory=dict, description="trim keys, as in the section itself")
+
+    @field_validator("match")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _match_names(value)
+
+
+class TrimSection(_Section):
+    """The `trim` policy section as written. Its defaults are the shipped policy's.
+
+    NOTE: the one source of these defaults; policies/defaults/trim.yaml lists the same values
+    for operators to read, and a test keeps the two equal.
+    """
+
+    enabled: bool = True
+    message_overhead_tokens: int = Field(4, ge=0, description="chat-format framing per message, plus the role")
+    image_part_tokens: int = Field(85, ge=0, description="counted, never changed")
+    pin: _Pin = Field(default_factory=_Pin)
+    whitespace: _Switch = Field(default_factory=_Switch)
+    boilerplate: _Boilerplate = Field(default_factory=_Boilerplate)
+    duplicates: _Switch = Field(default_factory=_Switch)
+    tool_output: ToolOutputPolicy = Field(default_factory=ToolOutputPolicy)
+    history: HistoryPolicy = Field(default_factory=HistoryPolicy)
+    overrides: list[TrimOverride] = Field(default_factory=list)
+
+    @field_validator("pin", "whitespace", "boilerplate", "duplicates", "tool_output", "history", mode="before")
+    @classmethod
+    def _empty(cls, value: Any) -> Any:
+        # NOTE: a sub-section left with only comments in YAML reads as null: its defaults then.
+        return {} if value is None else value
+
+
+# NOTE: the four helpers here are the same in policies/cache/config.py; they belong in
+# policies/policy.py beside `Policy.resolve`, whose merge they replay.
+
+
+def _match_names(match: dict[str, Any]) -> dict[str, Any]:
+    for key, want in match.items():
+        names = want if isinstance(want, list) else [want]
+        if not all(name is None or isinstance(name, str) for name in names):
+            raise ValueError(f"{key} must be a name or a list of names (\"*\": any), got {want!r}")
+    return match
+
+
+def _problems(exc: ValidationError, where: str, model: type[BaseModel]) -> str:
+    """One clause per error, each naming the dotted path of the key at fault."""
+    out = []
+    for error in exc.errors():
+        path = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            owner: Any = model
+            for part in error["loc"][:-1]:  # walk to the model that refused the key
+                if isinstance(part, int):
+                    owner = next(iter(get_args(owner)), None)  # list[Model] -> Model
+                elif isinstance(owner, type) and issubclass(owner, BaseModel) and part in owner.model_fields:
+                    owner = owner.model_fields[part].annotation
+                else:
+                    owner = None
+            known = sorted(owner.model_fields) if isinstance(owner, type) and issubclass(owner, BaseModel) else []
+            out.append(f"{path}: extra fields not permitted" + (f" (known: {', '.join(known)})" if known else ""))
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            got = repr(error["input"])
+            got = got if len(got) <= 60 else got[:57] + "..."
+            out.append(f"{path}: {message} (got {got})" if error["loc"] else f"{path}: {message}")
+    return "; ".join(out)
+
+
+def _validate(model: type[_M], data: Any, where: str, error: type[ValueError]) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(_problems(exc, where, model)) from None
+
+
+def _parse_with_overrides(
+    model: type[_M], section: Mapping[str, Any], name: str, match_keys: frozenset[str], error: type[ValueError]
+) -> _M:
+    """The section parsed; each `overrides` rule's `match` checked and its `set` parsed merged over it."""
+    if not isinstance(section, Mapping):
+        raise error(f"{name}: must be a mapping, got {type(section).__name__}")
+    parsed = _validate(model, dict(section), name, error)
+    base = {k: v for k, v in section.items() if k != "overrides"}
+    for index, rule in enumerate(section.get("overrides") or []):
+        at = f"{name}.overrides[{index}]"
+        unknown = sorted(set(rule.get("match") or {}) - match_keys)
+        if unknown:
+            raise error(f"{at}.match.{unknown[0]}: extra fields not permitted (known: {', '.join(sorted(match_keys))})")
+        if "overrides" in (rule.get("set") or {}):
+            raise error(f"{at}.set.overrides: an override cannot carry overrides")
+        alone = Policy(sections={name: {**base, "overrides": [{"match": {}, "set": rule.get("set") or {}}]}})
+        _validate(model, alone.resolve(name), f"{at}.set", error)
+    return parsed
 
 
 @dataclass(slots=True, frozen=True)
 class TrimPolicy:
-    """Which passes run and with what limits, for one resolved tenant/app/model."""
+    """Which passes run and with what limits, for one resolved tenant/app/model (built from `TrimSection`)."""
 
-    enabled: bool = True
-    whitespace: bool = True
-    duplicates: bool = True
-    boilerplate: bool = True
-    boilerplate_min_repeats: int = 3
-    boilerplate_min_paragraph_chars: int = 200
-    tool_output: ToolOutputPolicy = field(default_factory=ToolOutputPolicy)
-    history: HistoryPolicy = field(default_factory=HistoryPolicy)
-    pin_roles: frozenset[str] = frozenset()
-    pin_names: frozenset[str] = frozenset()
-    message_overhead_tokens: int = 4
-    image_part_tokens: int = 85
+    enabled: bool
+    whitespace: bool
+    duplicates: bool
+    boilerplate: bool
+    boilerplate_min_repeats: int
+    boilerplate_min_paragraph_chars: int
+    tool_output: ToolOutputPolicy
+    history: HistoryPolicy
+    pin_roles: frozenset[str]
+    pin_names: frozenset[str]
+    message_overhead_tokens: int
+    image_part_tokens: int
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> TrimPolicy:
-        top = _take(
-            d or {},
-            "trim",
-            {"enabled", "whitespace", "duplicates", "boilerplate", "tool_output", "history",
-             "pin", "message_overhead_tokens", "image_part_tokens", "overrides"},
-        )
-        ws = _take(top.get("whitespace"), "trim.whitespace", {"enabled"})
-        dup = _take(top.get("duplicates"), "trim.duplicates", {"enabled"})
-        bp = _take(top.get("boilerplate"), "trim.boilerplate",
-                   {"enabled", "min_repeats", "min_paragraph_chars"})
-        to = _take(top.get("tool_output"), "trim.tool_output",
-                   {"enabled", "max_tokens", "head_tokens", "tail_tokens"})
-        hi = _take(top.get("history"), "trim.history", {"enabled", "max_tokens", "marker"})
-        pin = _take(top.get("pin"), "trim.pin", {"roles", "names"})
+        """The policy of a resolved `trim` section (missing keys: the defaults).
 
-        tool = ToolOutputPolicy(
-            enabled=_bool(to, "enabled", True, "trim.tool_output"),
-            max_tokens=_int(to, "max_tokens", 2048, "trim.tool_output", 64) or 0,
-            head_tokens=_int(to, "head_tokens", 1024, "trim.tool_output", 0) or 0,
-            tail_tokens=_int(to, "tail_tokens", 768, "trim.tool_output", 0) or 0,
-        )
-        # The marker needs room, or a second trim would cut the already-cut output again.
-        if tool.head_tokens + tool.tail_tokens + 32 > tool.max_tokens:
-            raise TrimPolicyError(
-                "trim policy: `trim.tool_output.head_tokens + tail_tokens` must leave at least "
-                f"32 tokens under max_tokens ({tool.head_tokens} + {tool.tail_tokens} vs {tool.max_tokens})"
-            )
-        history = HistoryPolicy(
-            enabled=_bool(hi, "enabled", True, "trim.history"),
-            max_tokens=_int(hi, "max_tokens", None, "trim.history", 1),
-            marker=_bool(hi, "marker", False, "trim.history"),
-        )
+        Given the raw policy section, with its `overrides`, each override is validated too and
+        the base policy is returned. Raises TrimPolicyError naming the dotted path of a bad key.
+        """
+        section = _parse_with_overrides(TrimSection, d or {}, "trim", _MATCH_KEYS, TrimPolicyError)
         return cls(
-            enabled=_bool(top, "enabled", True, "trim"),
-            whitespace=_bool(ws, "enabled", True, "trim.whitespace"),
-            duplicates=_bool(dup, "enabled", True, "trim.duplicates"),
-            boilerplate=_bool(bp, "enabled", True, "trim.boilerplate"),
-            boilerplate_min_repeats=_int(bp, "min_repeats", 3, "trim.boilerplate", 2) or 3,
-            boilerplate_min_paragraph_chars=_int(bp, "min_paragraph_chars", 200, "trim.boilerplate", 1) or 200,
-            tool_output=tool,
-            history=history,
-            pin_roles=_str_list(pin, "roles", "trim.pin"),
-            pin_names=_str_list(pin, "names", "trim.pin"),
-            message_overhead_tokens=_int(top, "message_overhead_tokens", 4, "trim") or 0,
-            image_part_tokens=_int(top, "image_part_tokens", 85, "trim") or 0,
+            enabled=section.enabled,
+            whitespace=section.whitespace.enabled,
+            duplicates=section.duplicates.enabled,
+            boilerplate=section.boilerplate.enabled,
+            boilerplate_min_repeats=section.boilerplate.min_repeats,
+            boilerplate_min_paragraph_chars=section.boilerplate.min_paragraph_chars,
+            tool_output=section.tool_output,
+            history=section.history,
+            pin_roles=frozenset(section.pin.roles),
+            pin_names=frozenset(section.pin.names),
+            message_overhead_tokens=section.message_overhead_tokens,
+            image_part_tokens=section.image_part_tokens,
         )
 
     @property

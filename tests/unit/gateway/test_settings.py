@@ -40,7 +40,7 @@ def test_unknown_embedding_backend_is_rejected(tmp_path: Path) -> None:
 def test_edge_attention_defaults_to_flash_attention_over_a_q8_0_cache() -> None:
     edge = Settings.load(env={}).edge
     assert edge.flash_attn is True
-    assert edge.kv_cache_type is None  # resolved by the engine: q8_0 with flash attention
+    assert edge.kv_cache_type == "q8_0"  # resolved at load by the engine's own settings model
 
 
 @pytest.mark.parametrize(
