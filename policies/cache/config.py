@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from policies.cache.scope import ScopeRules
 from policies.cache.verify import VerifyConfig, VerifySection
-from policies.policy import Policy
+from policies.sections import match_names, parse_section
 
 # Request fields known not to change the answer (see policies/defaults/cache.yaml).
 _NEUTRAL_PARAMS = (
@@ -29,7 +29,6 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-_M = TypeVar("_M", bound=BaseModel)
 
 
 class CacheOverride(_Section):
@@ -41,7 +40,7 @@ class CacheOverride(_Section):
     @field_validator("match")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _match_names(value)
+        return match_names(value)
 
 
 class CacheSection(_Section):
@@ -61,7 +60,7 @@ class CacheSection(_Section):
     # (bench/cache_quality.py).
     threshold: float = Field(0.82, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
     candidates: int = Field(4, ge=1, description="best candidates verified, most similar first")
-    ttl_s: float = Field(86_400, gt=0, description="entries expire this long after they were stored")
+    ttl_s: float = Field(86_400, ge=0, description="entries expire this long after they were stored (0: never served again)")
     max_entries: int = Field(100_000, ge=1, description="least recently used entries are evicted above this")
     max_temperature: float = Field(0.7, ge=0, description="above this the answer is a sample: not cached")
     share_across_tenants: bool = Field(False, description="true only for public content")
@@ -71,69 +70,6 @@ class CacheSection(_Section):
     )
     verify: VerifySection = Field(default_factory=VerifySection)
     overrides: list[CacheOverride] = Field(default_factory=list)
-
-
-# NOTE: the four helpers here are the same in policies/trim/config.py; they belong in
-# policies/policy.py beside `Policy.resolve`, whose merge they replay.
-
-
-def _match_names(match: dict[str, Any]) -> dict[str, Any]:
-    for key, want in match.items():
-        names = want if isinstance(want, list) else [want]
-        if not all(name is None or isinstance(name, str) for name in names):
-            raise ValueError(f"{key} must be a name or a list of names (\"*\": any), got {want!r}")
-    return match
-
-
-def _problems(exc: ValidationError, where: str, model: type[BaseModel]) -> str:
-    """One clause per error, each naming the dotted path of the key at fault."""
-    out = []
-    for error in exc.errors():
-        path = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-        if error["type"] == "extra_forbidden":
-            owner: Any = model
-            for part in error["loc"][:-1]:  # walk to the model that refused the key
-                if isinstance(part, int):
-                    owner = next(iter(get_args(owner)), None)  # list[Model] -> Model
-                elif isinstance(owner, type) and issubclass(owner, BaseModel) and part in owner.model_fields:
-                    owner = owner.model_fields[part].annotation
-                else:
-                    owner = None
-            known = sorted(owner.model_fields) if isinstance(owner, type) and issubclass(owner, BaseModel) else []
-            out.append(f"{path}: extra fields not permitted" + (f" (known: {', '.join(known)})" if known else ""))
-        else:
-            message = error["msg"].removeprefix("Value error, ")
-            got = repr(error["input"])
-            got = got if len(got) <= 60 else got[:57] + "..."
-            out.append(f"{path}: {message} (got {got})" if error["loc"] else f"{path}: {message}")
-    return "; ".join(out)
-
-
-def _validate(model: type[_M], data: Any, where: str, error: type[ValueError]) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise error(_problems(exc, where, model)) from None
-
-
-def _parse_with_overrides(
-    model: type[_M], section: Mapping[str, Any], name: str, match_keys: frozenset[str], error: type[ValueError]
-) -> _M:
-    """The section parsed; each `overrides` rule's `match` checked and its `set` parsed merged over it."""
-    if not isinstance(section, Mapping):
-        raise error(f"{name}: must be a mapping, got {type(section).__name__}")
-    parsed = _validate(model, dict(section), name, error)
-    base = {k: v for k, v in section.items() if k != "overrides"}
-    for index, rule in enumerate(section.get("overrides") or []):
-        at = f"{name}.overrides[{index}]"
-        unknown = sorted(set(rule.get("match") or {}) - match_keys)
-        if unknown:
-            raise error(f"{at}.match.{unknown[0]}: extra fields not permitted (known: {', '.join(sorted(match_keys))})")
-        if "overrides" in (rule.get("set") or {}):
-            raise error(f"{at}.set.overrides: an override cannot carry overrides")
-        alone = Policy(sections={name: {**base, "overrides": [{"match": {}, "set": rule.get("set") or {}}]}})
-        _validate(model, alone.resolve(name), f"{at}.set", error)
-    return parsed
 
 
 @dataclass(slots=True, frozen=True)
@@ -159,7 +95,7 @@ class CacheConfig:
         Given the raw policy section, with its `overrides`, each override is validated too and
         the base config is returned: that is the start-up check. Raises CachePolicyError.
         """
-        parsed = _parse_with_overrides(CacheSection, section, "cache", _MATCH_KEYS, CachePolicyError)
+        parsed = parse_section(CacheSection, section, "cache", _MATCH_KEYS, CachePolicyError)
         return cls(
             enabled=parsed.enabled,
             operations=frozenset(parsed.operations),

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_args
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from policies.policy import Policy
+from policies.sections import match_names, parse_section
 
 LOSSLESS_PASSES: tuple[str, ...] = ("whitespace", "boilerplate", "duplicates")
 BUDGETED_PASSES: tuple[str, ...] = ("tool_output", "history")
 PASSES: tuple[str, ...] = LOSSLESS_PASSES + BUDGETED_PASSES
 _MATCH_KEYS = frozenset({"tenant", "app", "model"})  # what the trim stage resolves with
 
-_M = TypeVar("_M", bound=BaseModel)
 
 
 class TrimPolicyError(ValueError):
@@ -83,7 +82,7 @@ class TrimOverride(_Section):
     @field_validator("match")
     @classmethod
     def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _match_names(value)
+        return match_names(value)
 
 
 class TrimSection(_Section):
@@ -111,69 +110,6 @@ class TrimSection(_Section):
         return {} if value is None else value
 
 
-# NOTE: the four helpers here are the same in policies/cache/config.py; they belong in
-# policies/policy.py beside `Policy.resolve`, whose merge they replay.
-
-
-def _match_names(match: dict[str, Any]) -> dict[str, Any]:
-    for key, want in match.items():
-        names = want if isinstance(want, list) else [want]
-        if not all(name is None or isinstance(name, str) for name in names):
-            raise ValueError(f"{key} must be a name or a list of names (\"*\": any), got {want!r}")
-    return match
-
-
-def _problems(exc: ValidationError, where: str, model: type[BaseModel]) -> str:
-    """One clause per error, each naming the dotted path of the key at fault."""
-    out = []
-    for error in exc.errors():
-        path = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-        if error["type"] == "extra_forbidden":
-            owner: Any = model
-            for part in error["loc"][:-1]:  # walk to the model that refused the key
-                if isinstance(part, int):
-                    owner = next(iter(get_args(owner)), None)  # list[Model] -> Model
-                elif isinstance(owner, type) and issubclass(owner, BaseModel) and part in owner.model_fields:
-                    owner = owner.model_fields[part].annotation
-                else:
-                    owner = None
-            known = sorted(owner.model_fields) if isinstance(owner, type) and issubclass(owner, BaseModel) else []
-            out.append(f"{path}: extra fields not permitted" + (f" (known: {', '.join(known)})" if known else ""))
-        else:
-            message = error["msg"].removeprefix("Value error, ")
-            got = repr(error["input"])
-            got = got if len(got) <= 60 else got[:57] + "..."
-            out.append(f"{path}: {message} (got {got})" if error["loc"] else f"{path}: {message}")
-    return "; ".join(out)
-
-
-def _validate(model: type[_M], data: Any, where: str, error: type[ValueError]) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise error(_problems(exc, where, model)) from None
-
-
-def _parse_with_overrides(
-    model: type[_M], section: Mapping[str, Any], name: str, match_keys: frozenset[str], error: type[ValueError]
-) -> _M:
-    """The section parsed; each `overrides` rule's `match` checked and its `set` parsed merged over it."""
-    if not isinstance(section, Mapping):
-        raise error(f"{name}: must be a mapping, got {type(section).__name__}")
-    parsed = _validate(model, dict(section), name, error)
-    base = {k: v for k, v in section.items() if k != "overrides"}
-    for index, rule in enumerate(section.get("overrides") or []):
-        at = f"{name}.overrides[{index}]"
-        unknown = sorted(set(rule.get("match") or {}) - match_keys)
-        if unknown:
-            raise error(f"{at}.match.{unknown[0]}: extra fields not permitted (known: {', '.join(sorted(match_keys))})")
-        if "overrides" in (rule.get("set") or {}):
-            raise error(f"{at}.set.overrides: an override cannot carry overrides")
-        alone = Policy(sections={name: {**base, "overrides": [{"match": {}, "set": rule.get("set") or {}}]}})
-        _validate(model, alone.resolve(name), f"{at}.set", error)
-    return parsed
-
-
 @dataclass(slots=True, frozen=True)
 class TrimPolicy:
     """Which passes run and with what limits, for one resolved tenant/app/model (built from `TrimSection`)."""
@@ -198,7 +134,7 @@ class TrimPolicy:
         Given the raw policy section, with its `overrides`, each override is validated too and
         the base policy is returned. Raises TrimPolicyError naming the dotted path of a bad key.
         """
-        section = _parse_with_overrides(TrimSection, d or {}, "trim", _MATCH_KEYS, TrimPolicyError)
+        section = parse_section(TrimSection, d or {}, "trim", _MATCH_KEYS, TrimPolicyError)
         return cls(
             enabled=section.enabled,
             whitespace=section.whitespace.enabled,
