@@ -9,10 +9,10 @@ from aiohttp import web
 
 from gateway.auth import KeyTable
 from gateway.components import COMPONENTS
-from gateway.keys import PIPELINE, RESOLVER, SERVICES, SETTINGS
+from gateway.keys import MODELS, PIPELINE, SERVICES, SETTINGS
 from gateway.middleware import build_middleware
-from gateway.models import ModelResolver
 from gateway.pipeline import order
+from gateway.pipeline.resolve import ModelCatalog
 from gateway.pipeline.runner import Pipeline
 from gateway.routes import cache_admin, health, metrics, openai, shadow, usage
 from gateway.services import Services
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
         pool = UpstreamPool(settings)
         services = Services(settings=settings, policy=policy, pool=pool)
         started: list[object] = []
+        pipeline: Pipeline | None = None
         try:
             await pool.start()
             for component in COMPONENTS:
@@ -56,11 +57,16 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                     setattr(services, component.attribute, value)
                     started.append(value)
             app[SERVICES] = services
-            app[RESOLVER] = ModelResolver(settings, pool, edge_enabled=services.engine is not None)
-            app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)
+            app[MODELS] = ModelCatalog.from_services(services)
+            pipeline = app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)
             yield
-            await app[PIPELINE].drain()
         finally:
+            # First: hooks still finishing (metering, shadow calls) use the components and the pool.
+            if pipeline is not None:
+                try:
+                    await pipeline.close()
+                except Exception:  # noqa: BLE001 - the components must close all the same
+                    log.exception("closing the pipeline failed")
             for value in reversed(started):
                 try:
                     await value.close()  # type: ignore[attr-defined]

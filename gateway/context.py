@@ -6,9 +6,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from gateway.lanes import AUTO, RouteRequest
 from policies.domain import Outcome, Principal, RouteDecision, Usage
+
+if TYPE_CHECKING:
+    from gateway.pipeline.runner import ModelCall
 
 __all__ = ["Answer", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
 
@@ -47,6 +51,7 @@ class RequestContext:
     pool: str | None = None  # upstream pool name when lane == upstream
     embedding: Any = None  # numpy vector of the last user turn, shared by cache and router
     route: RouteDecision | None = None
+    requested_route: RouteRequest | None = None  # x-tierlane-route, validated once by the resolve stage
     cache_status: str = "off"  # hit | miss | bypass | off
     cache_similarity: float | None = None
     cache_key: Any = None  # set by the cache lookup for the store stage
@@ -54,13 +59,19 @@ class RequestContext:
     usage: Usage | None = None
     first_token_at: float | None = None
     lane_seconds: float = 0.0  # time spent waiting on the lane (not gateway overhead)
-    attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes
-    model_span: Any = None  # the open CLIENT span of the lane call; closed when the answer ends
+    attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes, nothing else
+    response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
+    model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     completed: bool = False  # set once the completion hooks were scheduled (exactly once per request)
+
+    @property
+    def auto(self) -> bool:
+        """Whether the router picks the lane: the model `auto`, or the route header `auto`."""
+        return self.model == AUTO or self.requested_route == AUTO
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)

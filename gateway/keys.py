@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.context import Principal, RequestContext
-from gateway.models import ModelResolver
+from gateway.pipeline.resolve import ModelCatalog
 from gateway.pipeline.runner import Pipeline
 from gateway.services import Services
 from gateway.settings import Settings
@@ -13,7 +13,7 @@ from gateway.settings import Settings
 SETTINGS = web.AppKey("settings", Settings)
 SERVICES = web.AppKey("services", Services)
 PIPELINE = web.AppKey("pipeline", Pipeline)
-RESOLVER = web.AppKey("resolver", ModelResolver)
+MODELS = web.AppKey("models", ModelCatalog)
 
 REQUEST_ID = web.RequestKey("request_id", str)
 RECEIVED_AT = web.RequestKey("received_at", float)

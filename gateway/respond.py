@@ -44,9 +44,7 @@ def answer_headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> 
     }
     if ctx.cache_status != "off":
         headers["x-tierlane-cache"] = ctx.cache_status
-    trim = ctx.attributes.get("x-tierlane-trim")
-    if trim:
-        headers["x-tierlane-trim"] = str(trim)
+    headers.update(ctx.response_headers)
     if extra:
         headers.update(extra)
     return headers

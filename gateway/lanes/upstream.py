@@ -1,4 +1,8 @@
-"""The upstream lane: forward the request to the pool and relay its answer."""
+"""The upstream lane: forward the request to the pool and relay its answer.
+
+It decides nothing: the pool and the model to ask it for are on the context, set by the
+resolve and route stages.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, Ups
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 
-AUTO = "auto"
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
 
@@ -33,14 +36,13 @@ async def answer(
     it with the gateway's own span, a child of the client's trace.
     """
     body = ctx.body
-    if ctx.target_model in (None, AUTO):
-        ctx.target_model = pool.default_model(ctx.pool)
-        if ctx.target_model is None:
-            raise ModelNotFound(
-                f"model 'auto' was routed to upstream pool {ctx.pool!r}, which names no model: list models "
-                "on its upstreams or set lanes.upstream.pools.<pool>.model in the policy",
-                param="model",
-            )
+    if ctx.target_model is None:
+        # Only `auto` can get here without a model: its pool's upstreams name none.
+        raise ModelNotFound(
+            f"model {ctx.model!r} was routed to upstream pool {ctx.pool!r}, which names no model: list models "
+            "on its upstreams or set lanes.upstream.pools.<pool>.model in the policy",
+            param="model",
+        )
     if ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
     client_wants_usage = False

@@ -2,7 +2,8 @@
 
 A stage runs before the lane executes and may answer early (a cache hit, a 429);
 a completion hook runs after the answer has been delivered (cache admission, metering).
-The order of both is declared once, in `gateway.pipeline.order`.
+The order of both is declared once, in `gateway.pipeline.order`. Both are closed once, by
+`Pipeline.close`, before the components and the upstream pool they use.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class Stage(Protocol):
 
     async def run(self, ctx: RequestContext) -> Answer | None: ...
 
+    async def close(self) -> None:
+        """Release what the stage owns (threads, connections); a no-op for most."""
+        ...
+
 
 @runtime_checkable
 class CompletionHook(Protocol):
@@ -36,6 +41,10 @@ class CompletionHook(Protocol):
     name: str
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None: ...
+
+    async def close(self) -> None:
+        """Finish or cancel the background work it started, then release what it owns."""
+        ...
 
 
 class StageFactory(Protocol):

@@ -25,6 +25,9 @@ class BudgetStage:
         self._telemetry.admit(ctx)
         return None
 
+    async def close(self) -> None:
+        return None
+
 
 def build(services: Services) -> BudgetStage | None:
     """None when there is no telemetry or its budgets are off (metering off switches them off too)."""

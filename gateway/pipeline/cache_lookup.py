@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import Answer, RequestContext, Usage
-from gateway.errors import InvalidRequest
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.cache.replay import fresh_body, replay_chunks
-from policies.cache.scope import build_key, route_header, wants
+from policies.cache.scope import build_key, wants
 from policies.cache.service import SemanticCache
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ class CacheLookupStage:
     operations = TEXT_OPERATIONS
 
     async def run(self, ctx: RequestContext) -> Answer | None:
-        route = route_header(ctx.headers)
+        route = ctx.requested_route
         config = self.cache.config_for(tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model, route=route)
         if not config.enabled or ctx.operation not in config.operations or ctx.operation != "chat":
             ctx.cache_status = "off"
@@ -69,6 +68,9 @@ class CacheLookupStage:
             include_usage = ctx.request is not None and ctx.request.include_usage
             return Answer(lane="cache", chunks=replay_chunks(body, include_usage=include_usage), headers=headers)
         return Answer(lane="cache", body=body, headers=headers)
+
+    async def close(self) -> None:
+        return None  # the cache component closes itself, after the pipeline
 
 
 def build(services: Services) -> CacheLookupStage | None:

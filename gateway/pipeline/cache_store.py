@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import Outcome, RequestContext
-from policies.cache.scope import CacheKey, route_header, wants
+from policies.cache.scope import CacheKey, wants
 from policies.cache.service import SemanticCache
 
 if TYPE_CHECKING:
@@ -49,11 +49,14 @@ class CacheStoreHook:
                 ctx.usage.to_openai() if ctx.usage is not None else None
             )
             config = self.cache.config_for(
-                tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model, route=route_header(ctx.headers)
+                tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model, route=ctx.requested_route
             )
             await self.cache.store(key, ctx.embedding, outcome.response, usage, config)
         except Exception:  # admission is best effort: the client already has its answer
             logger.exception("cache admission failed for request %s", ctx.request_id)
+
+    async def close(self) -> None:
+        return None  # the cache component closes itself, after the pipeline
 
 
 def build(services: Services) -> CacheStoreHook | None:

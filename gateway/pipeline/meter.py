@@ -28,6 +28,9 @@ class MeterHook:
         except Exception:  # noqa: BLE001 - metering must never break the request path
             log.exception("metering failed for request %s", ctx.request_id)
 
+    async def close(self) -> None:
+        return None  # the telemetry component closes itself, after the pipeline
+
 
 def build(services: Services) -> MeterHook | None:
     telemetry = services.telemetry

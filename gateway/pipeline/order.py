@@ -1,12 +1,13 @@
 """The order of the pipeline, declared once.
 
 Each entry is (module, policy section). The module's `build(services)` makes the stage or
-hook; it is skipped when its policy section says `enabled: false`. Stages run in this order
-before the lane, and the first one that returns an Answer ends the walk; completion hooks
-run in order after the client has its answer.
+hook; it is skipped when its policy section says `enabled: false` (an entry without a section
+always runs). Stages run in this order before the lane, and the first one that returns an
+Answer ends the walk; completion hooks run in order after the client has its answer.
 """
 
 STAGES: list[tuple[str, str | None]] = [
+    ("gateway.pipeline.resolve", None),  # first: model name and route header give the lane; bad ones end here
     ("gateway.pipeline.budget", "budgets"),  # limits are counted before any work is done
     ("gateway.pipeline.cache_lookup", "cache"),  # exact, then semantic + verification; may answer
     ("gateway.pipeline.route", "router"),  # picks the lane for `auto`; enforces lane policy for all

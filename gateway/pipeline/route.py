@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.context import Answer, RequestContext, RouteDecision
-from gateway.errors import InvalidRequest, PermissionDenied, UpstreamUnavailable
+from gateway.errors import PermissionDenied, UpstreamUnavailable
+from gateway.lanes import FORCEABLE, ROUTE_HEADER
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.router.features import Prompt, last_user_text
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 log = logging.getLogger(__name__)
-
-ROUTE_HEADER = "x-tierlane-route"
-AUTO = "auto"
-FORCEABLE = ("edge", "upstream")
 
 
 def request_prompt(ctx: RequestContext) -> Prompt:
@@ -55,6 +52,7 @@ class RouteStage:
         upstream_available: bool,
         pool_names: list[str],
         edge_model: str | None,
+        pool_model: Callable[[str | None], str | None],
     ) -> None:
         self.router = router
         self.policy = policy
@@ -63,6 +61,7 @@ class RouteStage:
         self.upstream_available = upstream_available
         self.pool_names = pool_names
         self.edge_model = edge_model
+        self.pool_model = pool_model  # the model an upstream pool is asked for when the policy names none
         # NOTE: only used without a shared embedder; one thread owns the fallback model.
         self._executor: ThreadPoolExecutor | None = None
         self._fallback_encoder: Any = None
@@ -77,17 +76,14 @@ class RouteStage:
     async def run(self, ctx: RequestContext) -> Answer | None:
         if ctx.operation == "embeddings":
             return None
-        header = (ctx.header(ROUTE_HEADER) or "").strip().lower() or None
-        if header is not None and header not in (AUTO, *FORCEABLE):
-            raise InvalidRequest(f"header {ROUTE_HEADER} must be one of auto, edge, upstream", param=ROUTE_HEADER)
+        header = ctx.requested_route
         rules = self.policy.rules(ctx.principal.tenant, ctx.principal.app)
-        auto = ctx.attributes.get("route.requested") == AUTO or ctx.model == AUTO
         if header in FORCEABLE and not rules.allow_force:
             raise PermissionDenied(
                 f"tenant {ctx.principal.tenant!r} app {ctx.principal.app!r} may not choose a lane with {ROUTE_HEADER}",
                 param=ROUTE_HEADER,
             )
-        if not auto:
+        if not ctx.auto:
             return await self._explicit(ctx, rules, forced=header in FORCEABLE)
         if header in FORCEABLE:
             lane, reason = self._reachable(header, "forced", rules)
@@ -117,7 +113,7 @@ class RouteStage:
         return None
 
     async def _explicit(self, ctx: RequestContext, rules: RouteRules, forced: bool) -> None:
-        """An explicit model fixes the lane (set by the model resolver); policy may still forbid it."""
+        """An explicit model fixes the lane (set by the resolve stage); policy may still forbid it."""
         if ctx.lane in ("edge", "upstream") and not rules.allows(ctx.lane):
             raise PermissionDenied(
                 f"tenant {ctx.principal.tenant!r} app {ctx.principal.app!r} may not use the {ctx.lane} lane "
@@ -160,6 +156,13 @@ class RouteStage:
         ctx.embedding = vector
         return np.asarray(vector)
 
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        self._fallback_encoder = None
+        if executor is not None:
+            # Off the loop: the worker may still be loading the fallback encoder.
+            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
+
     def _encode(self, text: str) -> np.ndarray:
         from policies.embedder import load_encoder
 
@@ -178,10 +181,7 @@ class RouteStage:
                 ctx.pool = target.pool
             elif ctx.pool not in self.pool_names:
                 ctx.pool = self.pool_names[0] if self.pool_names else None
-            if target.model:
-                ctx.target_model = target.model
-            elif ctx.target_model == self.edge_model:
-                ctx.target_model = None
+            ctx.target_model = target.model or self.pool_model(ctx.pool)
         self._annotate(ctx, decision, target)
 
     @staticmethod
@@ -195,6 +195,10 @@ class RouteStage:
             attrs["tierlane.route.threshold"] = round(decision.threshold, 6)
         if target is not None and target.precision:
             attrs["tierlane.route.precision"] = target.precision
+
+
+def _no_model(pool: str | None) -> str | None:
+    return None
 
 
 def _engine_up(engine: Any) -> bool | Callable[[], bool]:
@@ -220,4 +224,5 @@ def build(services: Services) -> RouteStage | None:
         upstream_available=has_upstreams,
         pool_names=list(pool.pool_names()) if has_upstreams else [],
         edge_model=getattr(edge_settings, "model_name", None),
+        pool_model=pool.default_model if has_upstreams else _no_model,
     )

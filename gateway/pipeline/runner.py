@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from gateway.context import Answer, Outcome, RequestContext
 from gateway.lanes import upstream as upstream_lane
@@ -14,6 +15,39 @@ from gateway.pipeline.base import CompletionHook, Stage
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
+
+
+class ModelCall:
+    """The telemetry span of one lane call, open from `start` until the answer has ended.
+
+    A stream's usage and duration are only known when it ends, after `Pipeline.answer` has
+    returned, so the span cannot be a `with` block there; `finish` (or `fail`) ends it once.
+    """
+
+    __slots__ = ("_handle", "_span")
+
+    def __init__(self, telemetry: Any, ctx: RequestContext) -> None:
+        self._span: Any = telemetry.model_span(ctx)
+        self._handle: contextlib.ExitStack | None = None
+
+    def start(self) -> None:
+        handle = contextlib.ExitStack()
+        self._span = handle.enter_context(self._span)
+        self._handle = handle
+
+    def finish(self, outcome: Outcome) -> None:
+        """End the span with the answer the client got (assembled for streams)."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        self._span.set_response(outcome.response)
+        handle.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the span of a lane call that raised before it had an answer."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.__exit__(type(exc), exc, exc.__traceback__)
 
 
 class Pipeline:
@@ -29,6 +63,7 @@ class Pipeline:
         self.stages: list[Stage] = [s for s in _build(services, stages) if s is not None]  # type: ignore[misc]
         self.hooks: list[CompletionHook] = [h for h in _build(services, hooks) if h is not None]  # type: ignore[misc]
         self._pending: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def answer(self, ctx: RequestContext) -> Answer:
         """Walk the stages; the first Answer wins, else the lane chosen on ctx answers."""
@@ -42,17 +77,13 @@ class Pipeline:
                 return early
         if tel is None:
             return await self._execute(ctx)
-        # The model span stays open past this method: a stream's usage and duration are only
-        # known when it ends, so `complete` closes it.
-        span = tel.model_span(ctx)
-        span.__enter__()
+        call = ctx.model_span = ModelCall(tel, ctx)
+        call.start()
         try:
-            answer = await self._execute(ctx)
+            return await self._execute(ctx)
         except BaseException as exc:
-            span.__exit__(type(exc), exc, exc.__traceback__)
+            call.fail(exc)
             raise
-        ctx.model_span = span
-        return answer
 
     async def _execute(self, ctx: RequestContext) -> Answer:
         if ctx.lane == "edge":
@@ -65,7 +96,7 @@ class Pipeline:
         return await upstream_lane.answer(self.services.pool, ctx, inject_trace=inject, estimate=estimate)
 
     def complete(self, ctx: RequestContext, outcome: Outcome) -> None:
-        """Close the model span and run the hooks off the response path; drained on shutdown.
+        """Finish the model call and run the hooks off the response path; drained on shutdown.
 
         Idempotent: only the first call for a request counts, so every request that entered the
         pipeline is metered (and its budget reservation settled) exactly once.
@@ -73,10 +104,9 @@ class Pipeline:
         if ctx.completed:
             return
         ctx.completed = True
-        span, ctx.model_span = ctx.model_span, None
-        if span is not None:
-            span.set_response(outcome.response)
-            span.__exit__(None, None, None)
+        call, ctx.model_span = ctx.model_span, None
+        if call is not None:
+            call.finish(outcome)
         if not self.hooks:
             return
         task = asyncio.get_running_loop().create_task(self._run_hooks(ctx, outcome))
@@ -91,8 +121,24 @@ class Pipeline:
                 log.exception("completion hook %s failed for request %s", hook.name, ctx.request_id)
 
     async def drain(self) -> None:
+        """Wait for the hooks scheduled so far (not for background work the hooks started)."""
         if self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Drain the hooks, then close hooks and stages; before the components and pool they use.
+
+        Hooks close first: the shadow hook finishes its in-flight upstream calls there.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await self.drain()
+        for part in (*self.hooks, *self.stages):
+            try:
+                await part.close()
+            except Exception:  # noqa: BLE001 - keep closing the rest
+                log.exception("closing pipeline part %s failed", part.name)
 
 
 def _build(services: Services, entries: Sequence[tuple[str, str | None]]) -> Iterator[object]:

@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS shadow (
 CREATE INDEX IF NOT EXISTS shadow_ts ON shadow (ts);
 """
 AGREE = 0.8  # the similarity above which two answers are counted as agreeing
+# How long shutdown waits for shadow calls in flight before cancelling them; each is already
+# bounded by the upstream's own timeouts, this only keeps a slow one from holding up a stop.
+CLOSE_GRACE_S = 10.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,6 +111,7 @@ class ShadowStore:
         # NOTE: a single worker thread owns the connection, so writes never run concurrently.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-store")
         self._conn: sqlite3.Connection | None = None
+        self._closed = False
 
     def _insert(self, row: ShadowRow) -> None:
         if self._conn is None:
@@ -122,6 +126,19 @@ class ShadowStore:
 
     async def add(self, row: ShadowRow) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, row)
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def close(self) -> None:
+        """Close the connection on the thread that owns it (after the writes queued before), then stop it."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
+        self._executor.shutdown(wait=True)
 
 
 def summarize(path: Path, since: float = 0.0) -> list[dict[str, Any]]:
@@ -181,6 +198,7 @@ class ShadowHook:
         self._rng = random.Random(config.seed)
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.sampled = 0
         self.dropped = 0
         self.failed = 0
@@ -195,7 +213,7 @@ class ShadowHook:
         return ShadowConfig.from_section(section)
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
-        if ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
+        if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
             return
         config = self._config_for(ctx)
         if not config.enabled or ctx.lane not in config.lanes or config.sample_rate <= 0.0:
@@ -258,9 +276,25 @@ class ShadowHook:
             log.warning("shadow comparison for request %s (%s lane) failed: %s", ctx.request_id, ctx.lane, exc)
 
     async def drain(self) -> None:
-        """Wait for the shadow calls in flight (tests and orderly shutdown)."""
+        """Wait for the shadow calls in flight, however long they take (tests; shutdown uses `close`)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop sampling, let the calls in flight finish (cancelled after `grace_s`), close the store.
+
+        Runs before the upstream pool and the embedder close, so no call outlives what it uses.
+        """
+        self._closed = True
+        tasks = list(self._tasks)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                log.warning("shutdown cancelled %d shadow comparison(s) still in flight", len(late))
+        await self.store.close()
 
 
 def build(services: Services) -> ShadowHook | None:

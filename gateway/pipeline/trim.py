@@ -45,11 +45,11 @@ class TrimStage:
         if ctx.operation != "chat":
             return None
         if (ctx.header(HEADER) or "").strip().lower() == "off":
-            ctx.attributes[HEADER] = "off"
+            ctx.response_headers[HEADER] = "off"
             return None
         policy = self._policy_for(ctx.principal.tenant, ctx.principal.app, ctx.model)
         if not policy.enabled:
-            ctx.attributes[HEADER] = "off"
+            ctx.response_headers[HEADER] = "off"
             return None
         # Measured by bench/trim_savings.py (stage_cost): milliseconds for a 2k-token conversation,
         # mostly tokenizing, so it runs on a worker thread. NOTE: the trim deep-copies the body first
@@ -61,6 +61,8 @@ class TrimStage:
         _record(ctx, result)
         return None
 
+    async def close(self) -> None:
+        return None
 
     def _policy_for(self, tenant: str, app: str, model: str) -> TrimPolicy:
         key = (tenant, app, model)
@@ -87,9 +89,9 @@ def _record(ctx: RequestContext, result: TrimResult) -> None:
         value = f"applied;saved={saved}"
         if any(name not in LOSSLESS_PASSES for name in ctx.trim_saved):
             value += f";dropped={len(result.dropped)}" if result.dropped else ";cut"
-        ctx.attributes[HEADER] = value + (";estimated" if result.estimated else "")
+        ctx.response_headers[HEADER] = value + (";estimated" if result.estimated else "")
     else:
-        ctx.attributes[HEADER] = "none"
+        ctx.response_headers[HEADER] = "none"
 
 
 def build(services: Services) -> TrimStage | None:

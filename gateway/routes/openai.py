@@ -13,7 +13,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from gateway import protocol
 from gateway.context import Operation, Outcome, RequestContext
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, as_gateway_error, render_unexpected
-from gateway.keys import CONTEXT, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, RESOLVER, SETTINGS
+from gateway.keys import CONTEXT, MODELS, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.respond import deliver
 from policies.errors import PolicyError
 
@@ -56,7 +56,6 @@ async def _handle(request: web.Request, operation: Operation) -> web.StreamRespo
     # NOTE: from here every way out (an answer, an error, a client gone, a bug) completes the
     # request exactly once: one ledger row, and the budget reservation settled or released.
     try:
-        app[RESOLVER].resolve(ctx)
         answer = await pipeline.answer(ctx)
         return await deliver(request, ctx, answer, pipeline)
     except (GatewayError, PolicyError) as exc:
@@ -86,7 +85,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.Response:
     return web.json_response(
-        {"object": "list", "data": request.app[RESOLVER].listing()},
+        {"object": "list", "data": request.app[MODELS].listing()},
         headers={
             "x-request-id": request[REQUEST_ID],
             "x-tierlane-lane": "none",

@@ -154,7 +154,3 @@ def wants(headers: Mapping[str, str], directive: str) -> bool:
     """Whether the request's Cache-Control header carries `directive` (no-cache, no-store)."""
     value = headers.get("Cache-Control") or headers.get("cache-control") or ""
     return any(part.strip().lower() == directive for part in value.split(","))
-
-
-def route_header(headers: Mapping[str, str]) -> str | None:
-    return headers.get("x-tierlane-route") or headers.get("X-Tierlane-Route")

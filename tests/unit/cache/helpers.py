@@ -52,6 +52,7 @@ class Flow:
             model=body.get("model", "auto"),
             stream=bool(body.get("stream")),
             request=protocol.validate("chat", body, max_n=8),
+            requested_route=(headers or {}).get("x-tierlane-route"),
         )
 
     async def ask(self, body: dict[str, Any], **kw: Any) -> tuple[RequestContext, Answer | None]:

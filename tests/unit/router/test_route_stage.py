@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gateway.context import Principal, RequestContext
-from gateway.errors import InvalidRequest, PermissionDenied, UpstreamUnavailable
+from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.pipeline.route import RouteStage
 from policies.embedder import Embedder
 from policies.policy import Policy
@@ -18,18 +18,19 @@ def stage(model: Router, embedder: Embedder | None, *, edge: bool = True, upstre
     return RouteStage(
         router=model, policy=RoutePolicy(Policy.load(extra=extra), model), embedder=embedder,
         edge_available=edge, upstream_available=upstream, pool_names=["standard", "critical"] if upstream else [],
-        edge_model="edge",
+        edge_model="edge", pool_model={"standard": "standard-model", "critical": "critical-model"}.get,
     )
 
 
 def ctx(model: str = "auto", header: str | None = None, text: str = "What is 2+2?", tenant: str = "t") -> RequestContext:
+    """A request as the resolve stage leaves it: the route header validated, `auto` on the default pool."""
     c = RequestContext(
         request_id="r", operation="chat", body={"model": model, "messages": [{"role": "user", "content": text}]},
         headers={"x-tierlane-route": header} if header else {}, principal=Principal(tenant, "a"), model=model,
+        requested_route=header,  # type: ignore[arg-type]
     )
-    if model == "auto" or header == "auto":
-        c.attributes["route.requested"] = "auto"
-        c.lane, c.pool = "upstream", "standard"
+    if c.auto:
+        c.lane, c.pool, c.target_model = "upstream", "standard", "standard-model"
     return c
 
 
@@ -42,7 +43,7 @@ async def test_auto_is_decided_by_the_router(shipped_router: Router, embedder: E
     assert c.lane == c.route.lane == expected
     assert c.attributes["tierlane.route.reason"] in ("router_strong", "router_weak")
     assert c.attributes["tierlane.route.score"] == pytest.approx(c.route.score, abs=1e-6)
-    assert (c.pool, c.target_model) == (("standard", None) if expected == "upstream" else (None, "edge"))
+    assert (c.pool, c.target_model) == (("standard", "standard-model") if expected == "upstream" else (None, "edge"))
 
 
 async def test_threshold_policy_splits_both_ways(shipped_router: Router, embedder: Embedder) -> None:
@@ -107,10 +108,20 @@ async def test_explicit_model_keeps_its_lane(shipped_router: Router) -> None:
         "upstream", "critical", "gpt-4o", "explicit_model", None)
 
 
-async def test_bad_header_is_an_openai_error(shipped_router: Router) -> None:
-    with pytest.raises(InvalidRequest) as info:
-        await stage(shipped_router, None).run(ctx(header="gpu"))
-    assert info.value.payload()["error"]["param"] == "x-tierlane-route"
+async def test_the_header_is_read_from_the_context_not_the_request(shipped_router: Router) -> None:
+    c = ctx(model="gpt-4o")
+    c.headers = {"x-tierlane-route": "edge"}  # validated and recorded by the resolve stage, not here
+    c.lane, c.pool, c.target_model = "upstream", "critical", "gpt-4o"
+    await stage(shipped_router, None).run(c)
+    assert (c.lane, c.route.reason) == ("upstream", "explicit_model")
+
+
+async def test_a_policy_pool_gets_its_own_model(shipped_router: Router) -> None:
+    routed = stage(shipped_router, None, edge=False, lanes={"upstream": {
+        "pool": "critical", "pools": {"critical": {}, "standard": {}}}})
+    c = ctx()
+    await routed.run(c)
+    assert (c.lane, c.pool, c.target_model) == ("upstream", "critical", "critical-model")
 
 
 def test_build_from_services(shipped_router: Router) -> None:

@@ -50,7 +50,7 @@ async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Ca
     total = sum(ctx.trim_saved.values())
     assert total > 0 and set(ctx.trim_saved) == {"whitespace", "duplicates"}
     assert ctx.attributes["tierlane.trim.tokens_saved"] == total
-    assert ctx.attributes["x-tierlane-trim"] == f"applied;saved={total}"
+    assert ctx.response_headers["x-tierlane-trim"] == f"applied;saved={total}"
     assert ctx.attributes["tierlane.trim.estimated"] is False
 
 
@@ -66,7 +66,7 @@ async def test_without_an_engine_the_count_is_an_estimate() -> None:
     stage = build(_services())
     ctx = _ctx([dict(m) for m in MESSAGES])
     await stage.run(ctx)  # type: ignore[union-attr]
-    assert ctx.attributes["x-tierlane-trim"].endswith(";estimated")
+    assert ctx.response_headers["x-tierlane-trim"].endswith(";estimated")
     assert ctx.attributes["tierlane.trim.estimated"] is True
 
 
@@ -77,21 +77,21 @@ async def test_header_turns_it_off_for_one_request(value: str) -> None:
     ctx = _ctx(messages, headers={"x-tierlane-trim": value})
     await stage.run(ctx)  # type: ignore[union-attr]
     assert ctx.body["messages"] == MESSAGES and ctx.trim_saved == {}
-    assert ctx.attributes["x-tierlane-trim"] == "off"
+    assert ctx.response_headers["x-tierlane-trim"] == "off"
 
 
 async def test_only_chat_is_trimmed() -> None:
     stage = build(_services())
     ctx = _ctx([dict(m) for m in MESSAGES], operation="completions")
     await stage.run(ctx)  # type: ignore[union-attr]
-    assert ctx.body["messages"] == MESSAGES and "x-tierlane-trim" not in ctx.attributes
+    assert ctx.body["messages"] == MESSAGES and "x-tierlane-trim" not in ctx.response_headers
 
 
 async def test_nothing_to_trim_says_none() -> None:
     stage = build(_services())
     ctx = _ctx([user("a"), assistant("b"), user("c")])
     await stage.run(ctx)  # type: ignore[union-attr]
-    assert ctx.attributes["x-tierlane-trim"] == "none" and ctx.trim_saved == {}
+    assert ctx.response_headers["x-tierlane-trim"] == "none" and ctx.trim_saved == {}
 
 
 async def test_policy_switches_it_off_per_tenant() -> None:
@@ -101,8 +101,8 @@ async def test_policy_switches_it_off_per_tenant() -> None:
     on = _ctx([dict(m) for m in MESSAGES], tenant="loud")
     await stage.run(off)  # type: ignore[union-attr]
     await stage.run(on)  # type: ignore[union-attr]
-    assert off.attributes["x-tierlane-trim"] == "off" and off.body["messages"] == MESSAGES
-    assert on.attributes["x-tierlane-trim"].startswith("applied")
+    assert off.response_headers["x-tierlane-trim"] == "off" and off.body["messages"] == MESSAGES
+    assert on.response_headers["x-tierlane-trim"].startswith("applied")
 
 
 async def test_large_bodies_are_trimmed(edge_count: Callable[[str], int]) -> None:

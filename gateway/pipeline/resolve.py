@@ -1,0 +1,110 @@
+"""Pipeline stage, always first: validate the route header and resolve the model name to a lane.
+
+An explicit model fixes the lane here (the edge model, or the upstream pool that serves it).
+`auto` gets the default upstream pool (else the edge) and that pool's model; when the router
+is on, the route stage decides it again. An unknown model or a bad route header ends the
+request here, before budgets are counted or the cache is asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
+
+from gateway.context import Answer, RequestContext
+from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.lanes import AUTO, ROUTE_HEADER, ROUTE_VALUES, RouteRequest
+from gateway.pipeline.base import ALL_OPERATIONS
+from gateway.upstream.pool import UpstreamPool
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+
+class ModelCatalog:
+    """The model names this gateway serves and the lane each one goes to; GET /v1/models lists them."""
+
+    def __init__(self, pool: UpstreamPool, edge_name: str | None, edge_aliases: Iterable[str] = ()) -> None:
+        self.pool = pool
+        self.edge_name = edge_name  # None when the edge lane is off
+        self.edge_names = frozenset([edge_name, *edge_aliases]) if edge_name is not None else frozenset()
+        self._created = int(time.time())
+
+    @classmethod
+    def from_services(cls, services: Services) -> ModelCatalog:
+        if services.engine is None:
+            return cls(services.pool, None)
+        edge = services.settings.edge
+        return cls(services.pool, edge.model_name, edge.aliases)
+
+    def default_pool(self) -> str | None:
+        names = self.pool.pool_names()
+        return names[0] if names else None
+
+    def pool_model(self, pool: str | None) -> str | None:
+        """The model `auto` asks a pool for: the first its upstreams name (None when they name none)."""
+        return self.pool.default_model(pool)
+
+    def upstream_for(self, model: str) -> tuple[str, str | None]:
+        """The pool serving `model` and the model to ask it for; ModelNotFound when none serves it."""
+        pool = self.pool.pool_for_model(model)
+        if pool is None:
+            raise ModelNotFound(f"the model '{model}' does not exist or is not served here", param="model")
+        return pool, self.pool_model(pool) if model == AUTO else model
+
+    def listing(self) -> list[dict[str, Any]]:
+        names: list[str] = []
+        if self.edge_name is not None or self.pool.has_upstreams():
+            names.append(AUTO)
+        if self.edge_name is not None:
+            names.append(self.edge_name)
+        names.extend(self.pool.model_names())
+        return [{"id": n, "object": "model", "created": self._created, "owned_by": "tierlane"} for n in names]
+
+
+def requested_route(ctx: RequestContext) -> RouteRequest | None:
+    """The lane the client asked for with the route header, or None; InvalidRequest for any other value."""
+    value = (ctx.header(ROUTE_HEADER) or "").strip().lower()
+    if not value:
+        return None
+    if value not in ROUTE_VALUES:
+        raise InvalidRequest(f"header {ROUTE_HEADER} must be one of {', '.join(ROUTE_VALUES)}", param=ROUTE_HEADER)
+    return cast(RouteRequest, value)
+
+
+class ResolveStage:
+    """Sets ctx.requested_route, ctx.lane, ctx.pool and ctx.target_model."""
+
+    name = "resolve"
+    operations = ALL_OPERATIONS
+
+    def __init__(self, catalog: ModelCatalog) -> None:
+        self.catalog = catalog
+
+    async def run(self, ctx: RequestContext) -> Answer | None:
+        ctx.requested_route = requested_route(ctx)
+        catalog = self.catalog
+        if ctx.operation != "embeddings" and ctx.auto:
+            pool = catalog.default_pool()
+            if pool is not None:
+                ctx.lane, ctx.pool, ctx.target_model = "upstream", pool, catalog.pool_model(pool)
+            elif catalog.edge_name is not None:
+                ctx.lane, ctx.pool, ctx.target_model = "edge", None, catalog.edge_name
+            else:
+                raise ModelNotFound(
+                    "model 'auto' needs an upstream or the edge lane; neither is configured", param="model"
+                )
+        elif ctx.operation != "embeddings" and ctx.model in catalog.edge_names and ctx.requested_route != "upstream":
+            ctx.lane, ctx.pool, ctx.target_model = "edge", None, catalog.edge_name
+        else:
+            ctx.pool, ctx.target_model = catalog.upstream_for(ctx.model)
+            ctx.lane = "upstream"
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def build(services: Services) -> ResolveStage:
+    return ResolveStage(ModelCatalog.from_services(services))
