@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import RESULTS, free_port, start, stop  # noqa: E402
-from bench.make_workload import DEFAULT_DATA, DataMissing, generate  # noqa: E402
+from bench._harness import RESULTS, free_port, start, stop
+from bench.make_workload import DEFAULT_DATA, DataMissing, generate
 
 UPSTREAM_MODEL = "smollm2-upstream"
 

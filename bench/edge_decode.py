@@ -20,8 +20,8 @@ from typing import Any
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import write  # noqa: E402
-from edge_engine import EdgeEngine, EdgeSettings, SamplingParams, bundled_model_path  # noqa: E402
+from bench._harness import write
+from edge_engine import EdgeEngine, EdgeSettings, SamplingParams, bundled_model_path
 
 SEQUENTIAL: dict[str, dict[str, Any]] = {
     "sequential": {},  # llama-cpp-python's defaults

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import free_port, pct, write  # noqa: E402
-from edge_engine.settings import EdgeSettings as EdgeSettingsDefaults  # noqa: E402
+from bench._harness import free_port, pct, write
+from edge_engine.settings import EdgeSettings as EdgeSettingsDefaults
 
 N_THREADS = 2
 N_CTX = 2048
@@ -364,7 +364,7 @@ class Worker:
         await self.proc.stdin.drain()
         try:
             await asyncio.wait_for(self.proc.wait(), 30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
 
 

@@ -26,13 +26,13 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import llama_cpp  # noqa: E402
+import llama_cpp
 
-from bench._harness import write  # noqa: E402
-from bench.edge_engine import WORKLOADS, long_chat  # noqa: E402
-from edge_engine import bundled_model_path  # noqa: E402
-from edge_engine.chat_template import ChatTemplate  # noqa: E402
-from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel  # noqa: E402
+from bench._harness import write
+from bench.edge_engine import WORKLOADS, long_chat
+from edge_engine import bundled_model_path
+from edge_engine.chat_template import ChatTemplate
+from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
 
 REFERENCE = ("f16 KV, no flash attention", {"flash_attn": False, "kv_cache_type": "f16"})
 # The noise floor: the reference's own settings reading one token per llama_decode call instead

@@ -29,8 +29,8 @@ import yaml
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import REPO, free_port, gateway_cmd, start, stop, summary_ms, wait_http, write  # noqa: E402
-from bench.proxy_overhead import pass_through_config  # noqa: E402
+from bench._harness import REPO, free_port, gateway_cmd, start, stop, summary_ms, wait_http, write
+from bench.proxy_overhead import pass_through_config
 
 LITELLM_VERSION = "1.100.0"
 PEERS = REPO / "bench" / ".peers"
@@ -139,7 +139,7 @@ async def load(url: str, model: str, *, concurrency: int, requests: int, bar: An
                 async with session.post(url, data=payload, headers=headers) as resp:
                     await resp.read()
                     errors += resp.status != 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 errors += 1
             latencies.append(time.perf_counter() - t0)
             if bar is not None:
@@ -166,8 +166,8 @@ async def measure(targets: dict[str, tuple[str, str]], concurrency: int, request
             if time.monotonic() > deadline and done_rounds:
                 break
             for name, (url, model) in targets.items():
-                l, wall, err = await load(url, model, concurrency=concurrency, requests=per_round, bar=bar)
-                lat[name] += l
+                got, wall, err = await load(url, model, concurrency=concurrency, requests=per_round, bar=bar)
+                lat[name] += got
                 walls[name] += wall
                 errors[name] += err
             done_rounds += 1

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write  # noqa: E402
+from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write
 
 BODY = {"model": "fast-model", "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
 
@@ -45,15 +45,15 @@ async def measure(targets: dict[str, str], concurrency: int, requests: int, roun
     errors: dict[str, int] = {k: 0 for k in targets}
     per_round = max(1, requests // rounds)
     with tqdm(total=per_round * rounds * len(targets), desc=f"concurrency {concurrency}", unit="req") as bar:
-        for name, url in targets.items():  # warm-up: connections, caches
+        for url in targets.values():  # warm-up: connections, caches
             await load(url, BODY, concurrency=concurrency, requests=min(200, per_round))
         for _ in range(rounds):
             for name, url in targets.items():
-                l, wall, err = await load(
+                got, wall, err = await load(
                     url, BODY, concurrency=concurrency, requests=per_round, progress=bar,
                     overheads=self_reported if name == "tierlane" else None,
                 )
-                lat[name] += l
+                lat[name] += got
                 walls[name] += wall
                 errors[name] += err
     for name in targets:

@@ -23,7 +23,15 @@ _EXPORTS = {
     "bundled_model_path": "edge_engine.settings",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "EdgeEngine",
+    "EdgeSettings",
+    "Generation",
+    "GenerationEvent",
+    "Priority",
+    "SamplingParams",
+    "bundled_model_path",
+]
 
 
 def __getattr__(name: str) -> Any:

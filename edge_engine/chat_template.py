@@ -7,8 +7,8 @@ from typing import Any
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from edge_engine.llama_model import LlamaModel
 from edge_engine.errors import InvalidInput
+from edge_engine.llama_model import LlamaModel
 
 
 class ChatTemplate:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence as Seq
+from collections.abc import AsyncIterator, Mapping
+from collections.abc import Sequence as Seq
 from typing import Any
 
 from edge_engine.chat_template import ChatTemplate
@@ -138,7 +139,7 @@ class EdgeEngine:
             await asyncio.sleep(delay)
             try:
                 await self._start_scheduler()
-            except Exception:  # noqa: BLE001 - keep trying with backoff
+            except Exception:
                 log.exception("starting a fresh edge scheduler failed; next try in %.1f s", delay * 2)
                 delay = min(RESTART_DELAY_MAX_S, delay * 2)
                 continue

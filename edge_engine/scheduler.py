@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import llama_cpp
 
+from edge_engine.errors import EngineBusy, EngineFailure
 from edge_engine.events import GenerationEvent, PrefixEntry, Sequence
 from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
 from edge_engine.prefix_cache import PrefixCache
@@ -28,7 +29,6 @@ from edge_engine.settings import EdgeSettings
 from edge_engine.stats import EngineStats
 from edge_engine.step_cost import StepCost
 from edge_engine.text import StopMatcher
-from edge_engine.errors import EngineBusy, EngineFailure
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Scheduler:
             self.steps = StepCost.calibrate(
                 self.ctx, self.model, self._free_ids[0], step_ms=s.prefill_step_ms, max_tokens=s.prefill_chunk
             )
-        except BaseException as exc:  # handed to start(), which raises it on the loop
+        except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it on the loop
             with self._cond:
                 self._stopping = True
             if self.ctx is not None:
@@ -168,7 +168,7 @@ class Scheduler:
         on_ready(None)
         try:
             self._loop()
-        except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, never lost
+        except BaseException as exc:
             log.exception("the edge scheduler failed; failing its requests and handing over to a fresh one")
             self.failure = exc
         finally:
@@ -198,7 +198,7 @@ class Scheduler:
         """One step; an error fails the sequences in it and the loop goes on (or ends, see below)."""
         try:
             self._step()
-        except Exception as exc:  # noqa: BLE001 - contained to the sequences of this step
+        except Exception as exc:
             self._step_failures += 1
             self.stats.step_failures_total += 1
             victims = [s for s in self._in_step if s in self._active] or list(self._active)
@@ -261,7 +261,7 @@ class Scheduler:
             try:
                 seq.sampler = build_sampler(seq.params, self.settings.seed, self.model.n_vocab)
                 seq.stop = StopMatcher(list(seq.params.stop))
-            except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+            except Exception as exc:
                 log.exception("could not set up sampling for an edge request")
                 seq.deliver(EngineFailure(f"the edge engine could not set up sampling for this request: {exc}"))
                 self._release(seq, keep_prefix=False)
@@ -419,7 +419,7 @@ class Scheduler:
         for seq in list(self._active):
             try:
                 self._release(seq, keep_prefix=False)
-            except Exception:  # noqa: BLE001 - the context is freed below anyway
+            except Exception:
                 log.exception("releasing a sequence at shutdown failed")
         self._active = []
         if self.ctx is not None:

@@ -65,12 +65,12 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
             if pipeline is not None:
                 try:
                     await pipeline.close()
-                except Exception:  # noqa: BLE001 - the components must close all the same
+                except Exception:
                     log.exception("closing the pipeline failed")
             for value in reversed(started):
                 try:
                     await value.close()  # type: ignore[attr-defined]
-                except Exception:  # noqa: BLE001 - keep closing the rest
+                except Exception:
                     log.exception("closing %r failed", value)
             await pool.close()
 

@@ -98,7 +98,7 @@ def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitab
                 raise
             err = GatewayError(exc.reason or "request failed", status=exc.status, type="invalid_request_error")
             return error_response(err, rid, received)
-        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are rendered
+        except Exception as exc:
             log.exception("unhandled error in request %s", rid)
             return error_response(render_unexpected(exc), rid, received)
 

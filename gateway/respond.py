@@ -114,7 +114,7 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
     except (asyncio.CancelledError, *_CLIENT_GONE):
         outcome.status, outcome.error_code = 499, "client_closed_request"
         raise
-    except Exception as exc:  # noqa: BLE001 - anything else still ends the stream with one error event
+    except Exception as exc:
         log.exception("stream failed for request %s", ctx.request_id)
         err = render_unexpected(exc)
         outcome.status, outcome.error_code = err.status, err.code or err.type

@@ -69,7 +69,7 @@ def load_encoder(
             from policies.onnx_encoder import load_onnx_encoder
 
             return load_onnx_encoder(model_dir, Path(cache_dir) if cache_dir else default_cache_dir(), threads)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the export falls back to torch, logged
             logger.warning("ONNX embedding backend unavailable, using torch: %s", exc)
     _set_torch_threads(threads)
     return TorchEncoder(load_sentence_model(model_dir))
@@ -205,7 +205,7 @@ class Embedder:
                         break
                     try:
                         batch.append(await asyncio.wait_for(queue.get(), remaining))
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         break
                     self._drain(queue, batch)
         return batch

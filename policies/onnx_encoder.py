@@ -178,7 +178,7 @@ def load_onnx_encoder(model_dir: Path, cache_dir: Path, threads: int | None = 1)
     if path.exists():
         try:
             return OnnxEncoder(model_dir, path, threads=threads)
-        except Exception as exc:  # a damaged file is replaced, not trusted
+        except Exception as exc:  # noqa: BLE001 - a damaged file is replaced, not trusted
             log.warning("cached embedding graph %s does not load (%s); exporting it again", path, exc)
             path.unlink(missing_ok=True)
     export(model_dir, path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.domain import Usage
-from telemetry.record import MeteredRequest
 from policies.pricing import Pricing
+from telemetry.record import MeteredRequest
 
 
 @dataclass(slots=True, frozen=True)

@@ -13,10 +13,9 @@ import orjson
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from policies.domain import Outcome, Usage
-from telemetry.record import MeteredRequest
-from policies.errors import LimitExceeded
 from policies.budgets import Budgets, SpendRow
+from policies.domain import Outcome, Usage
+from policies.errors import LimitExceeded
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
 from telemetry import attributes as a
@@ -26,6 +25,7 @@ from telemetry.config import TelemetryConfig
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from telemetry.metrics import Measurement, OtelMetrics
 from telemetry.prometheus import PromMetrics
+from telemetry.record import MeteredRequest
 from telemetry.setup import build_providers
 from telemetry.spans import ModelSpan, NoopSpan, ServerSpan, Spans, StageSpan
 from telemetry.tokens import (

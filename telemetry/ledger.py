@@ -258,7 +258,7 @@ class Ledger:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
             self._error = exc
             log.error("cannot open the ledger at %s: %s", self.path, exc)
             ready.set()

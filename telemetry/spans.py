@@ -17,9 +17,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from telemetry.record import MeteredRequest
 from policies.errors import LimitExceeded, PolicyError
 from telemetry import attributes as a
+from telemetry.record import MeteredRequest
 
 _PRIMITIVE = (str, bool, int, float)
 

@@ -42,7 +42,7 @@ def load_local_tokenizer(path: Path | None = None) -> TokenCount:
         # prompt is capped. no_truncation() leaves the padding in place, hence no_padding() too.
         tokenizer.no_truncation()
         tokenizer.no_padding()
-    except Exception as exc:  # a missing model package must not stop metering
+    except Exception as exc:  # noqa: BLE001 - a missing model package must not stop metering
         log.warning("local tokenizer unavailable, estimating tokens from characters: %s", exc)
         return heuristic_count
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.errors import InvalidInput
-from telemetry.timefmt import iso_time, parse_time
 from telemetry.ledger import Ledger
+from telemetry.timefmt import iso_time, parse_time
 
 GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
 FILTER_KEYS = ("tenant", "app", "model", "lane")

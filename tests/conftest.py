@@ -12,11 +12,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from gateway.app import create_app  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from policies.policy import _deep_merge  # noqa: E402
-from tests.support.background import BackgroundLoop, RunningApp  # noqa: E402
-from tests.support.config import PASS_THROUGH  # noqa: E402
+from gateway.app import create_app
+from gateway.settings import Settings
+from policies.policy import _deep_merge
+from tests.support.background import BackgroundLoop, RunningApp
+from tests.support.config import PASS_THROUGH
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("TIERLANE_SHARED_DATA", REPO.parent / "shared" / "data"))

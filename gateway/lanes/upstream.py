@@ -6,7 +6,6 @@ resolve and route stages.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -194,7 +193,7 @@ async def _relay(
     except UpstreamError:
         blame = True
         raise
-    except asyncio.TimeoutError:
+    except TimeoutError:
         blame = True
         raise UpstreamTimeout("the upstream stopped sending mid-stream") from None
     except (aiohttp.ClientError, OSError):

@@ -25,7 +25,7 @@ class MeterHook:
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         try:
             await self._telemetry.meter(ctx, outcome)
-        except Exception:  # noqa: BLE001 - metering must never break the request path
+        except Exception:
             log.exception("metering failed for request %s", ctx.request_id)
 
     async def close(self) -> None:

@@ -117,7 +117,7 @@ class Pipeline:
         for hook in self.hooks:
             try:
                 await hook.on_complete(ctx, outcome)
-            except Exception:  # noqa: BLE001 - a failing hook must not affect other hooks
+            except Exception:
                 log.exception("completion hook %s failed for request %s", hook.name, ctx.request_id)
 
     async def drain(self) -> None:
@@ -137,7 +137,7 @@ class Pipeline:
         for part in (*self.hooks, *self.stages):
             try:
                 await part.close()
-            except Exception:  # noqa: BLE001 - keep closing the rest
+            except Exception:
                 log.exception("closing pipeline part %s failed", part.name)
 
 

@@ -157,7 +157,7 @@ class Driver:
                     payload = await resp.json(content_type=None)
                     result.ttft_s = None
                     self._usage(result, payload.get("usage") if isinstance(payload, dict) else None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         result.latency_s = time.perf_counter() - t0
         return result
@@ -215,7 +215,7 @@ async def fetch_usage(
                     payload = await _json_or_text(resp)
                     if resp.status != 200:
                         return None, f"GET /v1/usage answered {resp.status}: {_error_text(payload)}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 return None, f"GET /v1/usage failed: {exc}"
             have = int((payload.get("total") or {}).get("requests") or 0) if isinstance(payload, dict) else 0
             if expect is None or have >= expect or time.monotonic() >= deadline:

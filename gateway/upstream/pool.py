@@ -181,7 +181,7 @@ class UpstreamPool:
                 upstream.settings.base_url + "/models", headers=headers, timeout=aiohttp.ClientTimeout(total=3)
             ) as resp:
                 data = orjson.loads(await resp.read()) if resp.status == 200 else {}
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
             log.info("upstream %s: model discovery failed (%s); auto needs a named model", upstream.name, exc)
             return
         items = data.get("data") if isinstance(data, dict) else None
@@ -220,7 +220,7 @@ class UpstreamPool:
                     due.append(max(wait, 0.005))
             try:
                 await asyncio.wait_for(wake.wait(), min(due) if due else None)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _probe(self, upstream: Upstream) -> None:
@@ -238,9 +238,9 @@ class UpstreamPool:
                 async with upstream.session.get(cfg.base_url + "/models", headers=headers, timeout=timeout) as resp:
                     ok = resp.status < 500
                     log.info("upstream %s: breaker probe answered %d", upstream.name, resp.status)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.info("upstream %s: breaker probe failed: %r", upstream.name, exc)
-        except Exception:  # noqa: BLE001 - a broken probe keeps the breaker open, never kills the watcher
+        except Exception:
             log.exception("upstream %s: breaker probe failed", upstream.name)
         upstream.breaker.end_probe(ok)
         if ok:
@@ -401,7 +401,7 @@ class UpstreamPool:
             log.warning("upstream %s: no connection within %ss", upstream.name, cfg.connect_timeout_s)
             error = UpstreamTimeout(f"upstream {upstream.name!r} did not accept a connection in time")
             return None, _Failure(error, retry=True, same_member=False)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # The request went out and no answer came in time: a generation is not idempotent,
             # so it is not sent again.
             reply.release(ok=False)
@@ -437,7 +437,7 @@ class UpstreamPool:
             return reply, None
         try:
             reply.body = await _read_json(resp, cfg.max_response_bytes)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             resp.close()
             reply.release(ok=False)
             return None, _Failure(UpstreamTimeout(f"upstream {upstream.name!r} did not answer in time"))

@@ -20,7 +20,9 @@ from policies.router.calibration import gap_curve, threshold_for_target
 from policies.router.candidates import Candidate, Fitted, TrainSet, decision, default_candidates, fit_candidate
 from policies.router.data import (
     EMBEDDING_MODEL_NAME,
+    PER_SUBJECT,
     RUNTIME_MAX_SEQ_LENGTH,
+    SUBJECT_SEED,
     Encoder,
     MMLUData,
     RuntimeEncoder,
@@ -28,8 +30,6 @@ from policies.router.data import (
     load_everyday,
     load_math,
     load_mmlu,
-    PER_SUBJECT,
-    SUBJECT_SEED,
     mmlu_embeddings,
     runtime_text,
     subject_sample,

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-
 FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value")
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.trim.config import TrimPolicy
-from policies.trim.messages import SYSTEM_ROLES, TOOL_ROLES, TokenCounter, map_texts, texts
+from policies.trim.messages import SYSTEM_ROLES, TOOL_ROLES, TokenCounter, map_texts
 from policies.trim.text import collapse_repeats, normalise_whitespace
 
 HISTORY_MARKER = "[tierlane: {n} earlier messages ({tokens} tokens) omitted to fit the context budget]"

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.pricing import Pricing
 from policies.policy import Policy
+from policies.pricing import Pricing
 from telemetry.core import reservation_usd
 from tests.support.config import PASS_THROUGH
 from tests.support.llama_server import UPSTREAM_MODEL

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from policies.policy import Policy
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import Flow  # noqa: E402
+from helpers import Flow
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 from helpers import Flow, chat
 
 from gateway.errors import InvalidRequest as WireError
-from policies.errors import InvalidInput as InvalidRequest
 from policies.cache.service import SemanticCache
 
 pytestmark = pytest.mark.slow

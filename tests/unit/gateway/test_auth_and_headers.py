@@ -9,8 +9,8 @@ import pytest
 from gateway.auth import KeyTable, hash_key
 from gateway.errors import AuthenticationFailed
 from gateway.settings import AuthSettings
-from tests.support.config import upstream_cfg
 from tests.support.background import RunningApp
+from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.config import upstream_cfg
 from tests.support.background import RunningApp
+from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -4,6 +4,7 @@ admin key, and the start-up line naming the auth mode and listen address."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -146,7 +147,7 @@ def test_keys_file_adds_keys_from_a_secret(tmp_path: Path) -> None:
         ("acme", False, "global"), ("globex", False, "global"), ("acme", True, "tenant"), ("ops", True, "global"),
     ]
     as_json = tmp_path / "keys.json"
-    as_json.write_text('{"keys": [{"sha256": "%s", "tenant": "acme"}]}' % hash_key(ACME))
+    as_json.write_text(json.dumps({"keys": [{"sha256": hash_key(ACME), "tenant": "acme"}]}))
     settings = Settings.load(env={}, overrides={"auth": {"mode": "keys", "keys_file": str(as_json)}})
     assert [k.sha256 for k in settings.auth.keys] == [hash_key(ACME)]
 

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.config import upstream_cfg
 from tests.support.background import RunningApp
+from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}

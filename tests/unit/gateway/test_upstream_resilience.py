@@ -12,10 +12,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway.errors import BadUpstreamResponse, GatewayError, RateLimited
+from gateway.errors import BadUpstreamResponse, GatewayError, RateLimited, known_error_codes
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool, retry_after_seconds
-from gateway.errors import known_error_codes
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import BlackHole, Recorder, chunk, fault_app

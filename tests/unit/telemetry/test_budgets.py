@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import from_policy
+from policies.budgets import Budgets, SlidingWindow, SpendRow
 from policies.errors import BudgetExceeded
 from policies.errors import LimitExceeded as RateLimited
-from policies.budgets import Budgets, SlidingWindow, SpendRow
 from policies.policy import Policy
 from tests.unit.telemetry.conftest import Clock
 

@@ -10,11 +10,11 @@ import pytest
 from aiohttp import web
 
 from gateway.auth import KeyTable, hash_key
-from policies.errors import InvalidInput as InvalidRequest
 from gateway.keys import SETTINGS
 from gateway.middleware import build_middleware
 from gateway.routes import shadow as shadow_route
 from gateway.settings import AuthSettings, Settings
+from policies.errors import InvalidInput as InvalidRequest
 from telemetry.timefmt import iso_time, parse_time
 from tests.unit.telemetry.conftest import TelemetryFactory
 from tests.unit.telemetry.test_usage_report import ADMIN, bearer, gateway_app

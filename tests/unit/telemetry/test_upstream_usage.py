@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,10 +10,10 @@ from aiohttp import web
 
 from gateway.assemble import StreamAssembler
 from gateway.context import Outcome
-from policies.errors import LimitExceeded as RateLimited
 from gateway.lanes import upstream as upstream_lane
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
+from policies.errors import LimitExceeded as RateLimited
 from tests.unit.telemetry.conftest import Harness, TelemetryFactory, make_ctx
 
 WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]

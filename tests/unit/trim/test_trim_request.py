@@ -7,12 +7,12 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from tests.unit.trim.builders import assistant, system, tool_call, tool_result, user
 from gateway.errors import from_policy
 from policies.errors import InvalidInput as InvalidRequest
 from policies.policy import Policy
 from policies.trim import TrimPolicy, TrimPolicyError, trim_request
 from policies.trim.text import normalise_whitespace
+from tests.unit.trim.builders import assistant, system, tool_call, tool_result, user
 
 CODE = "```python\ndef f(a,  b):\n\n\n    return  a   \n```"
 
