@@ -34,9 +34,12 @@ install: $(STAMP)
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/tierlane serve
 
-# Layering (import-linter contracts in pyproject.toml); `make test` runs it first.
+# Layering and cycles (import-linter), ruff and strict mypy, all configured in pyproject.toml;
+# `make test` runs it first.
 lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/ruff check gateway edge_engine policies telemetry tests bench
+	$(BIN)/mypy
 
 test: $(STAMP) lint
 	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \

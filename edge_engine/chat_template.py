@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -25,7 +25,8 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         plain = [{**m, "content": _text_content(m.get("content"), i)} for i, m in enumerate(messages)]
         try:
-            return self._formatter(messages=plain).prompt
+            # the formatter's TypedDict messages are what `plain` holds, checked by the wire model
+            return self._formatter(messages=cast(Any, plain)).prompt
         except Exception as exc:  # the template raises for roles or orders it does not accept
             raise InvalidInput(f"the edge model's chat template rejected the messages: {exc}", param="messages") from exc
 

@@ -33,7 +33,7 @@ RESTART_DELAY_MAX_S = 30.0
 class Generation:
     """One submitted request: iterate it for events; `cancel()` frees its slot and KV cells."""
 
-    def __init__(self, scheduler: Scheduler, seq: Sequence, queue: asyncio.Queue[Any]) -> None:
+    def __init__(self, scheduler: Scheduler, seq: Sequence, queue: asyncio.Queue[GenerationEvent | BaseException]) -> None:
         self._scheduler = scheduler
         self._seq = seq
         self._queue = queue
@@ -115,10 +115,13 @@ class EdgeEngine:
         loop = self._loop
         scheduler = Scheduler(self.settings, self._stats, self._model)
         ready: asyncio.Future[BaseException | None] = loop.create_future()
-        scheduler.start(
-            lambda exc: loop.call_soon_threadsafe(ready.set_result, exc),
-            lambda exc: loop.call_soon_threadsafe(self._on_exit, scheduler, exc),
-        )
+        def on_ready(exc: BaseException | None) -> None:
+            loop.call_soon_threadsafe(ready.set_result, exc)
+
+        def on_exit(exc: BaseException | None) -> None:
+            loop.call_soon_threadsafe(self._on_exit, scheduler, exc)
+
+        scheduler.start(on_ready, on_exit)
         error = await ready
         if error is not None:
             raise error
@@ -216,7 +219,7 @@ class EdgeEngine:
         if wanted < 1:
             raise InvalidInput("max_tokens must be at least 1", param="max_tokens")
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
 
         def deliver(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)

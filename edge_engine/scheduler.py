@@ -149,7 +149,7 @@ class Scheduler:
                 n_seq_max=s.n_seq_max,
                 n_threads=s.n_threads,
                 flash_attn=s.flash_attn,
-                kv_cache_type=s.kv_cache_type,
+                kv_cache_type=s.kv_cache_type or "f16",  # set by the settings' validator
                 per_sequence_streams=s.batch_invariant,
             )
             self._prefixes = PrefixCache(

@@ -112,10 +112,12 @@ class StepCost:
                 far = [timed(depth) for _ in range(2)]
         finally:
             ctx.seq_rm(scratch_seq_id)
-        if None in near or None in far:
+        near_ms = [t for t in near if t is not None]
+        far_ms = [t for t in far if t is not None]
+        if len(near_ms) < len(near) or len(far_ms) < len(far):
             return cls(min(max_tokens, FALLBACK_TOKENS))
-        t0 = min(near)  # type: ignore[type-var]
-        ms_cell = max(0.0, (min(far) - t0) / depth) if far else 0.0  # type: ignore[type-var]
+        t0 = min(near_ms)
+        ms_cell = max(0.0, (min(far_ms) - t0) / depth) if far_ms else 0.0
         ms_token = max(1e-3, t0 - ms_cell * len(probe) / 2)
         fitted = cls(max_tokens, step_ms, ms_token, ms_cell)
         log.info(

@@ -53,10 +53,6 @@ class StreamAssembler:
     def finish_reasons(self) -> list[str]:
         return [c["finish_reason"] for _, c in sorted(self._choices.items()) if c["finish_reason"]]
 
-    @property
-    def text_chars(self) -> int:
-        return sum(len(part) for c in self._choices.values() for part in c["content"])
-
     def response(self) -> dict[str, Any]:
         text_completion = self.object == "text_completion"
         choices = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,7 +29,7 @@ class Answer:
 
     lane: str
     body: dict[str, Any] | None = None
-    chunks: AsyncIterator[dict[str, Any]] | None = None
+    chunks: AsyncGenerator[dict[str, Any], None] | None = None
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
 

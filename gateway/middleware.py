@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gateway.auth import KeyTable
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, as_gateway_error, render_unexpected
@@ -52,7 +53,7 @@ def error_response(err: GatewayError, rid: str, received: float, extra: dict[str
     return web.Response(body=err.json_bytes(), status=err.status, content_type="application/json", headers=headers)
 
 
-def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def build_middleware(keys: KeyTable) -> Middleware:
     @web.middleware
     async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         services = request.app.get(SERVICES)
@@ -83,8 +84,9 @@ def build_middleware(keys: KeyTable) -> Callable[[web.Request, Handler], Awaitab
             ctx = request.get(CONTEXT)
             extra = {"x-tierlane-lane": lane_header(ctx)} if ctx is not None else None
             return error_response(err, rid, received, extra)
-        except web.HTTPRequestEntityTooLarge as exc:
-            err = PayloadTooLarge(f"the request body is larger than the limit of {exc.max_size} bytes")
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[SETTINGS].server.max_body_bytes
+            err = PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
             return error_response(err, rid, received)
         except web.HTTPNotFound:
             return error_response(NotFound(f"no route for {request.method} {request.path}"), rid, received)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from edge_engine.engine import EdgeEngine
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
+    from policies.cache.service import SemanticCache
+    from policies.embedder import Embedder
     from policies.policy import Policy
+    from policies.router.model import Router
+    from telemetry.core import Telemetry
 
 
 @dataclass(slots=True, kw_only=True)
@@ -18,8 +23,8 @@ class Services:
     settings: Settings
     policy: Policy
     pool: UpstreamPool
-    engine: Any = None  # edge_engine.EdgeEngine: the local GGUF lane
-    embedder: Any = None  # policies.embedder.Embedder: micro-batched sentence embeddings
-    cache: Any = None  # policies.cache: the semantic cache
-    router: Any = None  # policies.router: the complexity router
-    telemetry: Any = None  # telemetry: tracer, meters, ledger
+    engine: EdgeEngine | None = None  # the local GGUF lane
+    embedder: Embedder | None = None  # micro-batched sentence embeddings, shared by cache and router
+    cache: SemanticCache | None = None
+    router: Router | None = None  # the complexity router (loaded by the route stage when None)
+    telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets

@@ -16,11 +16,14 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from policies.sentence_model import DIMENSION
+
+if TYPE_CHECKING:
+    from sentence_transformers.sentence_transformer.modules import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,10 @@ def export(model_dir: Path, out_path: Path) -> Path:
     from policies.sentence_model import encode, load_sentence_model
 
     model = load_sentence_model(model_dir)
-    transformer = model[0].auto_model.eval()
+    # Indexing the model is typed as a plain torch Module; its first module is the Transformer.
+    # NOTE: eval() through torch's Module: transformers' override of it is unannotated.
+    transformer: torch.nn.Module = cast("Transformer", model[0]).auto_model
+    transformer.eval()
 
     class _Pooled(torch.nn.Module):
         def __init__(self) -> None:

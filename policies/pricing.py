@@ -32,9 +32,6 @@ class TokenPrice:
     def input_cost(self, tokens: int) -> float:
         return tokens * self.input / PER_MILLION
 
-    def output_cost(self, tokens: int) -> float:
-        return tokens * self.output / PER_MILLION
-
 
 @dataclass(slots=True, frozen=True)
 class Pricing:

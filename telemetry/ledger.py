@@ -159,9 +159,11 @@ class Ledger:
             ready = threading.Event()
             self._thread = self._spawn(ready)
         ready.wait()
-        if self._error is not None:
+        # NOTE: annotated so that the reset above does not narrow it: the writer thread sets it.
+        error: BaseException | None = self._error
+        if error is not None:
             self._thread = None  # nothing to restart: the caller learns it cannot meter
-            raise RuntimeError(f"cannot open the ledger at {self.path}: {self._error}") from self._error
+            raise RuntimeError(f"cannot open the ledger at {self.path}: {error}") from error
 
     def append(self, row: LedgerRow) -> None:
         self._queue.put(row)
@@ -192,7 +194,8 @@ class Ledger:
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            thread = self._thread
+            # NOTE: annotated so that the check on entry does not narrow it: close() clears it.
+            thread: threading.Thread | None = self._thread
             if thread is None:  # closed meanwhile
                 return done.is_set()
             if not thread.is_alive():

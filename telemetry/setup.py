@@ -15,7 +15,7 @@ from urllib.parse import unquote
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -168,6 +168,7 @@ def build_providers(
     resource = build_resource(service_name, env)
     tracer_provider = None
     if tracing:
+        processor: SpanProcessor | None
         if span_exporter is not None:
             processor = SimpleSpanProcessor(span_exporter)
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams
@@ -100,7 +100,7 @@ async def _stream(
     ctx: RequestContext,
     started: float,
     include_usage: bool,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     try:
         if shape.chat:
             yield shape.chunk({"role": "assistant", "content": ""}, None)
@@ -151,7 +151,7 @@ class _Shape:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices}
 
     def body(self, text: str, last: GenerationEvent) -> dict[str, Any]:
-        usage = _usage(last).to_openai()
+        usage: dict[str, Any] = dict(_usage(last).to_openai())
         usage["prompt_tokens_details"] = {"cached_tokens": last.cached_tokens}
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": last.finish_reason}

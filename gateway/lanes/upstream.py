@@ -7,7 +7,7 @@ resolve and route stages.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
@@ -152,7 +152,7 @@ def _client_error(reply: UpstreamReply) -> GatewayError:
 
 async def _relay(
     ctx: RequestContext, reply: UpstreamReply, client_wants_usage: bool, estimate: Estimate | None
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     assert reply.response is not None
     # Kept only for upstreams that send no usage although asked (llama.cpp's server, some
     # proxies): the client that asked for usage then gets a local estimate, marked as such.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from gateway.context import Answer, Outcome, RequestContext
 
 if TYPE_CHECKING:
-    from gateway.services import Services
+    pass
 
 
 TEXT_OPERATIONS = frozenset({"chat", "completions"})
@@ -45,9 +45,3 @@ class CompletionHook(Protocol):
     async def close(self) -> None:
         """Finish or cancel the background work it started, then release what it owns."""
         ...
-
-
-class StageFactory(Protocol):
-    """Builds a stage from the running services, or returns None when it is switched off."""
-
-    def __call__(self, services: Services) -> Stage | CompletionHook | None: ...

@@ -20,4 +20,5 @@ async def ensure_embedding(ctx: RequestContext, embedder: Any) -> np.ndarray | N
         text = embedding_text(ctx.body)
         if text:
             ctx.embedding = await embedder.embed(text)
-    return ctx.embedding
+    embedding: np.ndarray | None = ctx.embedding
+    return embedding

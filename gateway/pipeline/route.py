@@ -84,7 +84,8 @@ class RouteStage:
                 param=ROUTE_HEADER,
             )
         if not ctx.auto:
-            return await self._explicit(ctx, rules, forced=header in FORCEABLE)
+            await self._explicit(ctx, rules, forced=header in FORCEABLE)
+            return None
         if header in FORCEABLE:
             lane, reason = self._reachable(header, "forced", rules)
             score = await self._free_score(ctx)
@@ -168,7 +169,7 @@ class RouteStage:
 
         if self._fallback_encoder is None:
             self._fallback_encoder = load_encoder()
-        return self._fallback_encoder.encode([text])[0]
+        return np.asarray(self._fallback_encoder.encode([text])[0], dtype=np.float32)
 
     def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
         ctx.route = decision

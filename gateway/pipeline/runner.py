@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gateway.context import Answer, Outcome, RequestContext
+from gateway.errors import Overloaded
 from gateway.lanes import upstream as upstream_lane
 from gateway.pipeline.base import CompletionHook, Stage
 from gateway.services import Services
@@ -89,7 +90,10 @@ class Pipeline:
         if ctx.lane == "edge":
             from gateway.lanes import edge as edge_lane
 
-            return await edge_lane.answer(self.services.engine, ctx)
+            engine = self.services.engine
+            if engine is None:  # the resolve and route stages only pick the edge when it runs
+                raise Overloaded("the edge lane is not running on this gateway", retry_after=5)
+            return await edge_lane.answer(engine, ctx)
         tel = self.services.telemetry
         inject = tel.spans.inject if tel is not None and tel.spans.enabled else None
         estimate = tel.estimate_usage if tel is not None else None
@@ -134,7 +138,8 @@ class Pipeline:
             return
         self._closed = True
         await self.drain()
-        for part in (*self.hooks, *self.stages):
+        parts: list[Stage | CompletionHook] = [*self.hooks, *self.stages]
+        for part in parts:
             try:
                 await part.close()
             except Exception:

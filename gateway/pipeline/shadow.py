@@ -180,8 +180,9 @@ def answer_text(response: dict[str, Any] | None) -> str:
         return ""
     first = choices[0]
     message = first.get("message")
-    if isinstance(message, dict) and isinstance(message.get("content"), str):
-        return message["content"].strip()
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content.strip()
     text = first.get("text")
     return text.strip() if isinstance(text, str) else ""
 

@@ -8,6 +8,7 @@ probe's success closes the breaker, its failure opens it for another cooldown.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 class CircuitBreaker:
     failures_to_open: int
     cooldown_s: float
-    clock: object = field(default=time.monotonic, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     failures: int = 0
     opened_at: float | None = None
     probing: bool = False
@@ -24,7 +25,7 @@ class CircuitBreaker:
     def state(self) -> str:
         if self.opened_at is None:
             return "closed"
-        if self.clock() - self.opened_at >= self.cooldown_s:  # type: ignore[operator]
+        if self.clock() - self.opened_at >= self.cooldown_s:
             return "half_open"
         return "open"
 
@@ -40,7 +41,7 @@ class CircuitBreaker:
         """Seconds until a probe is due (0 when due now); None when closed or a probe is running."""
         if self.opened_at is None or self.probing:
             return None
-        return max(0.0, self.opened_at + self.cooldown_s - self.clock())  # type: ignore[operator]
+        return max(0.0, self.opened_at + self.cooldown_s - self.clock())
 
     def claim_probe(self) -> bool:
         """Half-open and no probe running: claim the probe (the caller must `end_probe`)."""
@@ -63,4 +64,4 @@ class CircuitBreaker:
     def failure(self) -> None:
         self.failures += 1
         if self.opened_at is not None or self.failures >= self.failures_to_open:
-            self.opened_at = self.clock()  # type: ignore[operator]
+            self.opened_at = self.clock()

@@ -399,7 +399,7 @@ class UpstreamPool:
             # tried at once; this one (black-holing, or overloaded) not again for this request.
             reply.release(ok=False)
             log.warning("upstream %s: no connection within %ss", upstream.name, cfg.connect_timeout_s)
-            error = UpstreamTimeout(f"upstream {upstream.name!r} did not accept a connection in time")
+            error: GatewayError = UpstreamTimeout(f"upstream {upstream.name!r} did not accept a connection in time")
             return None, _Failure(error, retry=True, same_member=False)
         except TimeoutError:
             # The request went out and no answer came in time: a generation is not idempotent,

@@ -20,6 +20,14 @@ _NEUTRAL_PARAMS = (
 _MATCH_KEYS = frozenset({"tenant", "app", "model", "route"})  # what SemanticCache.config_for resolves with
 
 
+Operation = Literal["chat", "completions", "embeddings"]
+
+
+def _chat_only() -> list[Operation]:
+    # NOTE: a function, not a lambda: mypy infers a lambda's `["chat"]` as list[str] here.
+    return ["chat"]
+
+
 class CachePolicyError(ValueError):
     """The cache section of the policy is malformed; raised at start-up, not per request."""
 
@@ -51,8 +59,8 @@ class CacheSection(_Section):
     """
 
     enabled: bool = True
-    operations: list[Literal["chat", "completions", "embeddings"]] = Field(
-        default_factory=lambda: ["chat"], min_length=1, description="operations whose answers are cached"
+    operations: list[Operation] = Field(
+        default_factory=_chat_only, min_length=1, description="operations whose answers are cached"
     )
     exact: bool = Field(True, description="hash of the normalised request, tried before the semantic search")
     semantic: bool = True

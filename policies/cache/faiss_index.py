@@ -87,7 +87,8 @@ class FaissIndex:
                 by_scope.setdefault(scope, []).append(entry_id)
         for scope, ids in by_scope.items():
             index = self._indexes[scope]
-            index.remove_ids(np.asarray(ids, dtype=np.int64))
+            # faiss's stub lists only remove_ids(IDSelector); its Python wrapper also takes an id array.
+            index.remove_ids(np.asarray(ids, dtype=np.int64))  # type: ignore[arg-type]
             if index.ntotal == 0:
                 del self._indexes[scope]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 _CHUNK_CHARS = 48
@@ -26,7 +26,7 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + _CHUNK_CHARS] for i in range(0, len(text), _CHUNK_CHARS)] or [""]
 
 
-async def replay_chunks(body: dict[str, Any], *, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def replay_chunks(body: dict[str, Any], *, include_usage: bool) -> AsyncGenerator[dict[str, Any], None]:
     """Role, content and finish chunks per choice, then a usage chunk when the client asked for one."""
     base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body.get("model", "")}
     if body.get("system_fingerprint"):

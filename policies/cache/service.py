@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from policies.policy import Policy
 logger = logging.getLogger(__name__)
 
 _SWEEP_EVERY_S = 30.0
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,7 +115,7 @@ class SemanticCache:
     async def stats(self) -> dict[str, Any]:
         return await self._call(self._stats)
 
-    async def _call(self, fn: Any, *args: Any) -> Any:
+    async def _call(self, fn: Callable[[*_Args], _T], *args: *_Args) -> _T:
         if self._executor is None:
             raise RuntimeError("SemanticCache.start() has not been awaited")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -204,6 +204,6 @@ def decision(fitted: Fitted, emb: np.ndarray, txt: np.ndarray) -> np.ndarray:
     """Raw scores (logits for linear models, probabilities otherwise) on new rows."""
     if fitted.linear is not None:
         w_emb, w_text, b = fitted.linear
-        return emb.astype(np.float64) @ w_emb + txt @ w_text + b
+        return np.asarray(emb.astype(np.float64) @ w_emb + txt @ w_text + b, dtype=np.float64)
     x = _columns(fitted.candidate.features, emb, txt)
     return np.asarray(fitted.estimator.predict_proba(x)[:, 1], dtype=np.float64)

@@ -13,7 +13,7 @@ from policies.router.artifact import RouterArtifactError
 from policies.router.features import Prompt, last_user_text
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     router = subparsers.add_parser("router", help="train, evaluate and run the complexity router")
     sub = router.add_subparsers(dest="router_command", metavar="ACTION", required=True)
 
@@ -96,8 +96,9 @@ def parse_score_line(line: str, number: int) -> Prompt:
         row = json.loads(line)
     except ValueError as exc:
         raise ValueError(f"line {number}: not JSON ({exc})") from None
-    if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-        return row["prompt"]
+    prompt = row.get("prompt") if isinstance(row, dict) else None
+    if isinstance(prompt, str):
+        return prompt
     messages = row.get("messages") if isinstance(row, dict) else None
     if isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages

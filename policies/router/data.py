@@ -49,7 +49,7 @@ class MMLUData:
     @property
     def label(self) -> np.ndarray:
         """1 where the strong model is needed: the weak one is wrong and the strong one right."""
-        return ((self.weak == 0) & (self.strong == 1)).astype(np.int64)
+        return np.asarray((self.weak == 0) & (self.strong == 1), dtype=np.int64)
 
     def take(self, idx: np.ndarray) -> MMLUData:
         return MMLUData([self.prompts[i] for i in idx], self.subjects[idx], self.weak[idx], self.strong[idx])
@@ -173,13 +173,13 @@ def grouped_embeddings(
     for group in sorted(set(groups[rows].tolist())):
         idx = np.flatnonzero(groups == group)
         digest = hashlib.sha256(f"{EMBEDDING_MODEL_NAME}\0{RUNTIME_MAX_SEQ_LENGTH}".encode())
-        for i in idx:
+        for i in idx.tolist():
             digest.update(texts[i].encode("utf-8", "surrogatepass") + b"\0")
         paths[group] = cache_dir / f"{label}-{group}-{digest.hexdigest()[:16]}.npy"
     missing = [g for g, p in paths.items() if not p.is_file()]
     if missing:
         todo = np.flatnonzero(np.isin(groups, missing))
-        order = todo[np.argsort([len(texts[i]) for i in todo], kind="stable")]
+        order = todo[np.argsort([len(texts[i]) for i in todo.tolist()], kind="stable")]
         vectors: dict[int, np.ndarray] = {}
         with tqdm(total=len(order), desc=f"embed {label} ({len(missing)} groups)", unit="row") as bar:
             for start in range(0, len(order), batch_size):

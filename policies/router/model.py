@@ -65,9 +65,9 @@ class Router:
             if w_emb.shape != (dimension,) or w_text.shape != (len(FEATURE_NAMES),):
                 raise RouterArtifactError("router artifact coefficients do not match its dimensions")
         slope, offset = p.get("platt", (1.0, 0.0))
-        fast = None
+        fast: FlatForest | FlatMLP | None = None
         estimator = p.get("estimator")
-        if kind == "sklearn" and p.get("features") == "both" and hasattr(estimator, "named_steps"):
+        if kind == "sklearn" and p.get("features") == "both" and estimator is not None and hasattr(estimator, "named_steps"):
             if "hgb" in estimator.named_steps:
                 fast = FlatForest.from_pipeline(estimator)
             elif "mlp" in estimator.named_steps:
@@ -117,7 +117,7 @@ class Router:
         if self.kind == "linear":
             assert self.w_emb is not None and self.w_text is not None
             z = emb.astype(np.float64) @ self.w_emb.astype(np.float64) + feats @ self.w_text + self.bias
-            return 1.0 / (1.0 + np.exp(-np.clip(z, -700, 700)))
+            return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -700, 700))), dtype=np.float64)
         return self._sklearn(emb, feats)
 
     def _sklearn(self, emb: np.ndarray, feats: np.ndarray) -> np.ndarray:
@@ -127,7 +127,7 @@ class Router:
         with threadpool_limits(limits=1):
             p = np.clip(self.estimator.predict_proba(x)[:, 1], 1e-6, 1 - 1e-6)
         slope, offset = self.platt
-        return 1.0 / (1.0 + np.exp(-(slope * np.log(p / (1 - p)) + offset)))
+        return np.asarray(1.0 / (1.0 + np.exp(-(slope * np.log(p / (1 - p)) + offset))), dtype=np.float64)
 
     def threshold_for(self, mode: str, value: float) -> float:
         """A score threshold for a target, calibrated on the held-out curve shipped in the manifest."""

@@ -148,7 +148,7 @@ def out_of_fold(candidate: Candidate, c: Corpus, dev: np.ndarray, folds: int, se
 
 def _logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-6, 1 - 1e-6)
-    return np.log(p / (1 - p))
+    return np.asarray(np.log(p / (1 - p)), dtype=np.float64)
 
 
 def _platt(raw: np.ndarray, label: np.ndarray, logits: bool) -> tuple[float, float]:
@@ -159,7 +159,7 @@ def _platt(raw: np.ndarray, label: np.ndarray, logits: bool) -> tuple[float, flo
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -700, 700)))
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -700, 700))), dtype=np.float64)
 
 
 def _ship_params(fitted: Fitted, slope: float, offset: float, c: Corpus) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return manifest
 
 
-def _math_signal(prob: np.ndarray, level: np.ndarray) -> dict[str, float]:
+def _math_signal(prob: np.ndarray, level: np.ndarray) -> dict[str, float | dict[str, float]]:
     """Does the router rank harder MATH problems higher? (never seen as routing labels)."""
     from scipy.stats import spearmanr
     from sklearn.metrics import roc_auc_score

@@ -60,7 +60,7 @@ def validate_messages(body: Any) -> list[dict[str, Any]]:
                 raise InvalidInput(
                     f"`{where}.content[{j}].text` must be a string", param=f"{where}.content[{j}].text"
                 )
-    return messages  # type: ignore[return-value]
+    return messages
 
 
 def texts(msg: Mapping[str, Any]) -> list[str]:

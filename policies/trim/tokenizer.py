@@ -28,7 +28,7 @@ def edge_token_counter(model_path: str | Path | None = None) -> Callable[[str], 
     def count_tokens(text: str) -> int:
         # With no room for output llama.cpp returns minus the count: one pass, nothing allocated.
         data = text.encode("utf-8")
-        n = llama_cpp.llama_tokenize(llm._model.vocab, data, len(data), empty, 0, False, True)
+        n: int = llama_cpp.llama_tokenize(llm._model.vocab, data, len(data), empty, 0, False, True)
         return -n if n < 0 else n
 
     return count_tokens
