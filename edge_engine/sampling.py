@@ -42,13 +42,13 @@ def _penalties(n_vocab: int, params: SamplingParams) -> llama_cpp.llama_sampler_
     init = llama_cpp.llama_sampler_init_penalties
     values = (params.penalty_last_n, params.repeat_penalty, params.frequency_penalty, params.presence_penalty)
     if len(getattr(init, "argtypes", None) or ()) == 5:
-        return cast(llama_cpp.llama_sampler_p, init(n_vocab, *values))
-    return cast(llama_cpp.llama_sampler_p, init(*values))
+        return cast("llama_cpp.llama_sampler_p", init(n_vocab, *values))
+    return cast("llama_cpp.llama_sampler_p", init(*values))
 
 
 def build_sampler(params: SamplingParams, default_seed: int, n_vocab: int) -> llama_cpp.llama_sampler_p:
     """A sampler chain owned by one sequence; free it with llama_sampler_free."""
-    chain = cast(llama_cpp.llama_sampler_p, llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params()))
+    chain = cast("llama_cpp.llama_sampler_p", llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params()))
     add = llama_cpp.llama_sampler_chain_add
     if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
         add(chain, _penalties(n_vocab, params))
