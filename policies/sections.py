@@ -10,11 +10,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_args
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.policy import Policy
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+class StrictSection(BaseModel):
+    """Base of every policy section model."""
+
+    # NOTE: strict, as the hand-written parsers were: "yes" is not a boolean and "5" not a number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class OverrideRule(StrictSection):
+    """One `overrides` rule: `set` is merged over the section where every `match` key agrees."""
+
+    match: dict[str, Any] = Field(default_factory=dict, description="tenant, app, model, ...: a name or a list")
+    set: dict[str, Any] = Field(default_factory=dict, description="keys of the section itself")
+
+    @field_validator("match")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return match_names(value)
 
 
 def match_names(match: dict[str, Any]) -> dict[str, Any]:

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
 from policies.cache.scope import ScopeRules
 from policies.cache.verify import VerifyConfig, VerifySection
-from policies.sections import match_names, parse_section
+from policies.sections import OverrideRule, StrictSection, parse_section
 
 # Request fields known not to change the answer (see policies/defaults/cache.yaml).
 _NEUTRAL_PARAMS = (
@@ -32,26 +32,9 @@ class CachePolicyError(ValueError):
     """The cache section of the policy is malformed; raised at start-up, not per request."""
 
 
-class _Section(BaseModel):
-    # NOTE: strict, as the hand-written parsers were: "yes" is not a boolean and "5" not a number.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-
-
-class CacheOverride(_Section):
-    """One `cache.overrides` rule: `set` is merged over the section where every `match` key agrees."""
-
-    match: dict[str, Any] = Field(default_factory=dict, description="tenant, app, model, route: a name or a list")
-    set: dict[str, Any] = Field(default_factory=dict, description="cache keys, as in the section itself")
-
-    @field_validator("match")
-    @classmethod
-    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return match_names(value)
-
-
-class CacheSection(_Section):
+class CacheSection(StrictSection):
     """The `cache` policy section as written. Its defaults are the shipped policy's.
 
     NOTE: the one source of these defaults; policies/defaults/cache.yaml lists the same values
@@ -77,7 +60,7 @@ class CacheSection(_Section):
         default_factory=lambda: list(_NEUTRAL_PARAMS), description="request fields that never change the answer"
     )
     verify: VerifySection = Field(default_factory=VerifySection)
-    overrides: list[CacheOverride] = Field(default_factory=list)
+    overrides: list[OverrideRule] = Field(default_factory=list)
 
 
 @dataclass(slots=True, frozen=True)

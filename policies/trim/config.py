@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from policies.sections import match_names, parse_section
+from policies.sections import OverrideRule, StrictSection, parse_section
 
 LOSSLESS_PASSES: tuple[str, ...] = ("whitespace", "boilerplate", "duplicates")
 BUDGETED_PASSES: tuple[str, ...] = ("tool_output", "history")
@@ -21,22 +21,17 @@ class TrimPolicyError(ValueError):
     """The trim section of the policy is malformed; raised at start-up, not per request."""
 
 
-class _Section(BaseModel):
-    # NOTE: strict, as the hand-written parser was: "yes" is not a boolean and "5" not a number.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _Switch(_Section):
+class _Switch(StrictSection):
     enabled: bool = True
 
 
-class _Boilerplate(_Section):
+class _Boilerplate(StrictSection):
     enabled: bool = True
     min_repeats: int = Field(3, ge=2, description="identical consecutive lines collapsed to one and a count")
     min_paragraph_chars: int = Field(200, ge=1, description="a paragraph repeated within one message becomes a marker")
 
 
-class _Pin(_Section):
+class _Pin(StrictSection):
     roles: list[str] = Field(default_factory=list, description="messages of these roles are never changed or dropped")
     names: list[str] = Field(default_factory=list, description="nor messages whose `name` is listed")
 
@@ -46,7 +41,7 @@ class _Pin(_Section):
         return [] if value is None else value
 
 
-class ToolOutputPolicy(_Section):
+class ToolOutputPolicy(StrictSection):
     """Long tool/function results are cut to a head and a tail around a marker."""
 
     enabled: bool = True
@@ -65,7 +60,7 @@ class ToolOutputPolicy(_Section):
         return self
 
 
-class HistoryPolicy(_Section):
+class HistoryPolicy(StrictSection):
     """A token budget for the whole prompt, met by dropping the oldest middle turns."""
 
     enabled: bool = True
@@ -73,19 +68,7 @@ class HistoryPolicy(_Section):
     marker: bool = Field(False, description="insert a system note where turns were dropped")
 
 
-class TrimOverride(_Section):
-    """One `trim.overrides` rule: `set` is merged over the section where every `match` key agrees."""
-
-    match: dict[str, Any] = Field(default_factory=dict, description="tenant, app, model: a name or a list")
-    set: dict[str, Any] = Field(default_factory=dict, description="trim keys, as in the section itself")
-
-    @field_validator("match")
-    @classmethod
-    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return match_names(value)
-
-
-class TrimSection(_Section):
+class TrimSection(StrictSection):
     """The `trim` policy section as written. Its defaults are the shipped policy's.
 
     NOTE: the one source of these defaults; policies/defaults/trim.yaml lists the same values
@@ -101,7 +84,7 @@ class TrimSection(_Section):
     duplicates: _Switch = Field(default_factory=_Switch)
     tool_output: ToolOutputPolicy = Field(default_factory=ToolOutputPolicy)
     history: HistoryPolicy = Field(default_factory=HistoryPolicy)
-    overrides: list[TrimOverride] = Field(default_factory=list)
+    overrides: list[OverrideRule] = Field(default_factory=list)
 
     @field_validator("pin", "whitespace", "boilerplate", "duplicates", "tool_output", "history", mode="before")
     @classmethod

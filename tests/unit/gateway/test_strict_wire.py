@@ -10,20 +10,13 @@ import orjson
 import pytest
 
 from gateway import protocol
-from tests.support.background import RunningApp
-from tests.support.config import upstream_cfg
-from tests.support.faults import Recorder, fault_app
 
 MSG = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture
-def gw(bg, make_gateway):
-    rec = Recorder()
-    up = RunningApp(bg, fault_app("ok", rec))
-    gateway = make_gateway(upstreams=[upstream_cfg("a", up.url + "/v1", models=["fake-model"])])
-    gateway.rec = rec  # type: ignore[attr-defined]
-    return gateway
+def gw(ok_gateway):
+    return ok_gateway
 
 
 def _nested(depth: int) -> object:
