@@ -79,4 +79,5 @@ def test_forty_concurrent_callers_overspend_by_at_most_one_reservation(make_gate
     assert rows == 40  # every request has its row, refused ones included
     reservation = _reservation()
     assert spent > 0
+    print(f"{'streams' if stream else 'requests'}: admitted {admitted}/40, spent ${spent:.4f} of ${LIMIT} (one reservation ${reservation:.4f})")
     assert spent <= LIMIT + reservation, (spent, LIMIT, reservation, admitted)
