@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from policies.errors import BudgetExceeded as PolicyBudgetExceeded
-from policies.errors import LimitExceeded, PolicyError
+from policies.errors import LimitExceeded, PolicyError, StoreUnavailable
 
 # The longest Retry-After the gateway ever states (or honours from an upstream): one day.
 MAX_RETRY_AFTER_S = 86_400
@@ -120,6 +120,14 @@ class BudgetExceeded(RateLimited):
     code = "budget_exceeded"
 
 
+class BudgetStoreUnavailable(GatewayError):
+    """The shared budget store failed and `state.on_store_error` is deny: nothing is admitted unchecked."""
+
+    status = 503
+    type = "server_error"
+    code = "budget_store_unavailable"
+
+
 class UpstreamError(GatewayError):
     """The upstream answered with an error or garbage."""
 
@@ -162,6 +170,8 @@ def from_policy(exc: PolicyError) -> GatewayError:
         return BudgetExceeded(exc.message, retry_after=exc.retry_after, param=exc.param)
     if isinstance(exc, LimitExceeded):
         return RateLimited(exc.message, retry_after=exc.retry_after, code=exc.code, param=exc.param)
+    if isinstance(exc, StoreUnavailable):
+        return BudgetStoreUnavailable(exc.message, retry_after=exc.retry_after)
     return InvalidRequest(exc.message, param=exc.param, code=exc.code)
 
 

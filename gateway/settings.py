@@ -158,6 +158,41 @@ class TelemetrySettings(_Strict):
     )
 
 
+class StateSettings(_Strict):
+    """Where budgets and rate limits are counted: in this process, or shared by every replica in Redis/Valkey."""
+
+    backend: Literal["embedded", "redis"] = Field(
+        "embedded", description="embedded: in-process, per replica; redis: one count for all replicas (Redis >= 7 or Valkey)"
+    )
+    url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL of the shared store")
+    key_prefix: str = Field("tierlane:", description="prefix of every key (the tenant follows as the hash tag {tenant})")
+    connect_timeout_ms: float = Field(200.0, gt=0)
+    op_timeout_ms: float = Field(100.0, gt=0, description="no request waits on the store longer than this")
+    on_store_error: Literal["allow", "deny"] = Field(
+        "allow", description="store down or slow: allow = admit (see fallback_limits) and count it; deny = 503 with Retry-After"
+    )
+    fallback_limits: Literal["local", "none"] = Field(
+        "local", description="with allow: local = each replica enforces the limits alone meanwhile; none = no check"
+    )
+    hold_ttl_s: float = Field(900.0, gt=0, description="a reservation no replica settled (it died) is released after this")
+    stream_batch_tokens: int = Field(32, ge=1, description="streams are charged to the store every this many tokens")
+    stream_batch_ms: float = Field(250.0, ge=0, description="... or this often, whichever comes first")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("state.url must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _no_hash_tag(cls, value: str) -> str:
+        if "{" in value or "}" in value:
+            raise ValueError("state.key_prefix must not contain { or }: the tenant is the hash tag")
+        return value
+
+
 class Settings(_Strict):
     """Everything the gateway is configured with."""
 
@@ -169,6 +204,7 @@ class Settings(_Strict):
     edge: EdgeSettingsModel = Field(default_factory=EdgeSettingsModel)
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    state: StateSettings = Field(default_factory=StateSettings)
     policy_file: Path | None = None
     policy: dict[str, Any] = Field(default_factory=dict, description="inline policy sections")
 

@@ -40,3 +40,11 @@ class BudgetExceeded(LimitExceeded):
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message, retry_after=retry_after, code="budget_exceeded")
+
+
+class StoreUnavailable(PolicyError):
+    """The shared budget store cannot be reached in time and `state.on_store_error` is `deny` (a 503)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, code="budget_store_unavailable")
+        self.retry_after = retry_after

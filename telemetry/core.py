@@ -18,6 +18,7 @@ from policies.domain import Outcome, Usage
 from policies.errors import LimitExceeded
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
+from policies.shared_budgets import SharedBudgets
 from telemetry import attributes as a
 from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
@@ -58,11 +59,14 @@ class Telemetry:
         error_codes: frozenset[str] = frozenset(),
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        shared: Callable[[Budgets], SharedBudgets] | None = None,
     ) -> None:
         self.config = config
         self.pricing = Pricing.from_policy(policy)
         self.budgets = Budgets(policy, monotonic=monotonic, wall=wall)
         self.budgets.enabled = self.budgets.enabled and config.metering
+        # state.backend: redis: limits counted in the shared store; None: in self.budgets alone
+        self.shared = shared(self.budgets) if shared is not None and self.budgets.enabled else None
         self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s)
         self.bounds = LabelBounds(config.tenants, config.apps, {*self.pricing.known, *config.models})
         self._providers = build_providers(
@@ -80,8 +84,14 @@ class Telemetry:
             upstream_provider=config.upstream_provider,
         )
         self.otel = OtelMetrics(mp.get_meter("tierlane")) if mp is not None else None
+        shared_state = self.shared
         self.prometheus = (
-            PromMetrics(ledger_pending=self.ledger.pending, ledger_failed=lambda: self.ledger.failed)
+            PromMetrics(
+                ledger_pending=self.ledger.pending,
+                ledger_failed=lambda: self.ledger.failed,
+                store_errors=None if shared_state is None else lambda: shared_state.store_errors,
+                store_fallbacks=None if shared_state is None else lambda: shared_state.fallback_admissions,
+            )
             if config.metrics
             else None
         )
@@ -96,6 +106,8 @@ class Telemetry:
         """Open the ledger, load the local tokenizer and restore this month's spend into the budgets."""
         if self._started or not self.config.metering:
             return
+        # NOTE: with a shared store the spend of every replica is in the store already; restoring
+        # this replica's ledger seeds only the fallback used while the store is down.
         if self._load_tokenizer:
             self._count = await asyncio.to_thread(load_local_tokenizer)
         await asyncio.to_thread(self.ledger.start)
@@ -104,6 +116,9 @@ class Telemetry:
 
     async def close(self) -> None:
         """Commit every ledger row and export every pending span; safe to call twice."""
+        if self.shared is not None:
+            shared, self.shared = self.shared, None
+            await shared.close()
         if self._started:
             await asyncio.to_thread(self.ledger.close)
             self._started = False
@@ -123,20 +138,39 @@ class Telemetry:
     # Budgets ----------------------------------------------------------------------------
 
     def admit(self, ctx: MeteredRequest) -> None:
-        """Count the request and reserve what it can cost, or raise LimitExceeded / BudgetExceeded (a 429)."""
+        """Count the request and reserve what it can cost, or raise LimitExceeded / BudgetExceeded (a 429).
+
+        In-process only (no await): the embedded backend. `admit_async` is what the pipeline calls.
+        """
         if not self.budgets.enabled:
             return
         tokens = estimate_request_tokens(ctx.body)
         try:
             self.budgets.admit(ctx.uid, ctx.principal.tenant, ctx.principal.app, tokens, self._reservation(ctx))
         except LimitExceeded as exc:
-            tenant, app = self.bounds.tenant(ctx.principal.tenant), self.bounds.app(ctx.principal.app)
-            code = exc.code or "rate_limit_exceeded"
-            if self.otel is not None:
-                self.otel.rejected(tenant, app, code)
-            if self.prometheus is not None:
-                self.prometheus.rejected(tenant, app, code)
+            self._rejected(ctx, exc)
             raise
+
+    async def admit_async(self, ctx: MeteredRequest) -> None:
+        """`admit`, against the shared store when there is one (StoreUnavailable, a 503, when it fails and errors deny)."""
+        shared = self.shared
+        if shared is None:
+            self.admit(ctx)
+            return
+        tokens = estimate_request_tokens(ctx.body)
+        try:
+            await shared.admit(ctx.uid, ctx.principal.tenant, ctx.principal.app, tokens, self._reservation(ctx))
+        except LimitExceeded as exc:
+            self._rejected(ctx, exc)
+            raise
+
+    def _rejected(self, ctx: MeteredRequest, exc: LimitExceeded) -> None:
+        tenant, app = self.bounds.tenant(ctx.principal.tenant), self.bounds.app(ctx.principal.app)
+        code = exc.code or "rate_limit_exceeded"
+        if self.otel is not None:
+            self.otel.rejected(tenant, app, code)
+        if self.prometheus is not None:
+            self.prometheus.rejected(tenant, app, code)
 
     def estimate_usage(self, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
         """A local count of a request and its answer, marked `estimated` (for upstreams that report none)."""
@@ -162,14 +196,22 @@ class Telemetry:
         return reservation_usd(price, ctx.body, output)
 
     def charge_chunk(self, ctx: MeteredRequest, chunk: Mapping[str, Any]) -> None:
-        """Charge the tokens of one streamed chunk; raises LimitExceeded/BudgetExceeded to end the stream."""
+        """Charge the tokens of one streamed chunk; raises LimitExceeded/BudgetExceeded to end the stream.
+
+        Never awaits: with a shared store the charges go out in batches (see policies/shared_budgets.py),
+        and a breach a batch found ends the stream at a later chunk.
+        """
         if not self.budgets.enabled:
             return
         price = self._price(ctx)
         if price is None:
             return
         tokens = chunk_tokens(chunk)
-        breach = self.budgets.stream_breach(ctx.uid, tokens, tokens * price.output / 1_000_000.0)
+        cost = tokens * price.output / 1_000_000.0
+        shared = self.shared
+        breach = (
+            self.budgets.stream_breach(ctx.uid, tokens, cost) if shared is None else shared.charge_chunk(ctx.uid, tokens, cost)
+        )
         if breach is not None:
             raise breach
 
@@ -184,9 +226,15 @@ class Telemetry:
             usage = await resolve_usage(ctx, outcome, self._count)
             bill = compute_bill(ctx, usage, self.pricing)
         except BaseException:
-            self.budgets.settle(ctx.uid, 0, 0.0)  # never leave a reservation behind
+            if self.shared is None:
+                self.budgets.settle(ctx.uid, 0, 0.0)  # never leave a reservation behind
+            else:
+                self.shared.release_soon(ctx.uid)
             raise
-        self.budgets.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
+        if self.shared is None:
+            self.budgets.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
+        else:
+            await self.shared.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
         latency = max(0.0, ended - ctx.received_at)
         ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
         self.ledger.append(self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency))
@@ -330,6 +378,38 @@ def reservation_usd(price: TokenPrice, body: Mapping[str, Any], output_tokens: i
 
 async def build_telemetry(settings: Any, policy: Policy, error_codes: frozenset[str] = frozenset()) -> Telemetry:
     """The gateway component builder: a started Telemetry from `gateway.settings.Settings`."""
-    telemetry = Telemetry(TelemetryConfig.from_settings(settings), policy, error_codes=error_codes)
+    telemetry = Telemetry(
+        TelemetryConfig.from_settings(settings), policy, error_codes=error_codes, shared=shared_budgets(settings)
+    )
     await telemetry.start()
     return telemetry
+
+
+def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:
+    """The builder of the shared budgets `state.backend: redis` asks for; None for embedded."""
+    state = getattr(settings, "state", None)
+    if state is None or state.backend != "redis":
+        return None
+
+    def build(budgets: Budgets) -> SharedBudgets:
+        from policies.redis_budgets import RedisBudgets  # redis is imported only when configured
+
+        store = RedisBudgets.connect(
+            budgets,
+            state.url,
+            key_prefix=state.key_prefix,
+            connect_timeout_s=state.connect_timeout_ms / 1000.0,
+            op_timeout_s=state.op_timeout_ms / 1000.0,
+            hold_ttl_s=state.hold_ttl_s,
+        )
+        return SharedBudgets(
+            budgets,
+            store,
+            op_timeout_s=state.op_timeout_ms / 1000.0,
+            on_store_error=state.on_store_error,
+            fallback=state.fallback_limits,
+            batch_tokens=state.stream_batch_tokens,
+            batch_s=state.stream_batch_ms / 1000.0,
+        )
+
+    return build

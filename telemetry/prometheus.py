@@ -48,6 +48,8 @@ class PromMetrics:
         self,
         ledger_pending: Callable[[], float] | None = None,
         ledger_failed: Callable[[], float] | None = None,
+        store_errors: Callable[[], float] | None = None,
+        store_fallbacks: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
@@ -118,6 +120,19 @@ class PromMetrics:
                     "tierlane_ledger_rows_failed",
                     "Ledger rows that could not be written and were dropped",
                     ledger_failed,
+                )
+            )
+        if store_errors is not None:
+            # state.backend: redis: operations the shared budget store failed or ran past its timeout on
+            self.registry.register(
+                _ReadCounter("tierlane_budget_store_errors", "Shared budget store operations that failed or timed out", store_errors)
+            )
+        if store_fallbacks is not None:
+            self.registry.register(
+                _ReadCounter(
+                    "tierlane_budget_store_fallback_admissions",
+                    "Requests admitted without the shared budget store (state.on_store_error: allow)",
+                    store_fallbacks,
                 )
             )
 

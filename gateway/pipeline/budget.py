@@ -13,7 +13,11 @@ if TYPE_CHECKING:
 
 
 class BudgetStage:
-    """Raises RateLimited / BudgetExceeded (429 with Retry-After) when the caller is over a limit."""
+    """Raises RateLimited / BudgetExceeded (429 with Retry-After) when the caller is over a limit.
+
+    With `state.backend: redis` the check is one round trip to the shared store (bounded by
+    `state.op_timeout_ms`); a store failure with `on_store_error: deny` is a 503.
+    """
 
     name = "budget"
     operations = ALL_OPERATIONS  # embeddings are budgeted and metered like any other call
@@ -22,7 +26,7 @@ class BudgetStage:
         self._telemetry = telemetry
 
     async def run(self, ctx: RequestContext) -> Answer | None:
-        self._telemetry.admit(ctx)
+        await self._telemetry.admit_async(ctx)
         return None
 
     async def close(self) -> None:

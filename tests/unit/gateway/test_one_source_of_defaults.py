@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from edge_engine.settings import EdgeSettings
-from gateway.settings import EdgeSettingsModel, Settings
+from gateway.settings import EdgeSettingsModel, Settings, StateSettings
 from policies.cache.config import CacheConfig, CacheSection
 from policies.policy import Policy
 from policies.trim.config import TrimPolicy, TrimSection
@@ -54,6 +54,14 @@ def test_gateway_defaults_yaml_lists_exactly_the_edge_model_defaults() -> None:
         assert value == _default(EdgeSettingsModel, key), f"edge.{key}: defaults.yaml and the model disagree"
     # n_threads alone is left out: its default (all cores but one) depends on the machine.
     assert set(EdgeSettingsModel.model_fields) - set(section) == {"n_threads"}
+
+
+def test_gateway_defaults_yaml_lists_exactly_the_state_model_defaults() -> None:
+    section = _shipped_gateway_yaml()["state"]
+    assert set(section) == set(StateSettings.model_fields), "defaults.yaml state: and StateSettings list other keys"
+    for key, value in section.items():
+        assert value == _default(StateSettings, key), f"state.{key}: defaults.yaml and the model disagree"
+    assert Settings.load(env={}).state.backend == "embedded"  # nothing else to start by default
 
 
 def test_the_engine_defaults_to_all_cores_but_one(monkeypatch: pytest.MonkeyPatch) -> None:
