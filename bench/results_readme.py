@@ -83,6 +83,24 @@ def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
                    "direct req/s", "tierlane req/s", "ratio"], rows)
 
 
+def render_shared_state(data: dict[str, Any]) -> list[str]:
+    rows, limit = [], None
+    for level, r in data.get("results", {}).items():
+        if not level.startswith("concurrency_"):
+            limit = r
+            continue
+        rows.append([level.removeprefix("concurrency_"), r["embedded"]["p50_ms"], r["redis"]["p50_ms"], r["added_p50_ms"],
+                     r["embedded"]["p99_ms"], r["redis"]["p99_ms"], r["embedded"]["rps"], r["redis"]["rps"]])
+    lines = _table(["concurrency", "embedded p50 ms", "redis p50 ms", "added p50 ms", "embedded p99 ms", "redis p99 ms",
+                    "embedded req/s", "redis req/s"], rows)
+    if limit:
+        lines += ["", *_table(["two replicas, one limit", "limit/min", "admitted", "admitted / limit"], [
+            [name, limit["limit_requests_per_minute"], limit[name]["admitted"], limit[name]["admitted_over_limit"]]
+            for name in ("embedded", "redis") if name in limit
+        ])]
+    return lines
+
+
 def render_replay(data: dict[str, Any]) -> list[str]:
     totals = data["totals"]
     lines = [f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate {_num(totals['cache_hit_rate'])}, "
@@ -147,6 +165,7 @@ def render_generic(data: dict[str, Any]) -> list[str]:
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,
+    "shared_state": render_shared_state,
     "demo": render_replay,
     "edge_engine": render_edge_engine,
     "edge_kv_quality": render_edge_kv_quality,

@@ -65,6 +65,18 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
 
 
 async def _cache(settings: Settings, policy: Policy) -> Any:
+    state = settings.state
+    if state.backend == "redis":
+        from policies.cache.shared import open_shared_cache  # redis is imported only when configured
+
+        return await open_shared_cache(
+            policy,
+            state.url,
+            key_prefix=state.key_prefix,
+            connect_timeout_s=state.connect_timeout_ms / 1000.0,
+            op_timeout_s=state.op_timeout_ms / 1000.0,
+            stream_max_len=state.cache_stream_max_len,
+        )
     from policies.cache.service import open_cache
 
     return await open_cache(settings.state_dir, policy)

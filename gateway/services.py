@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
-    from policies.cache.service import SemanticCache
+    from policies.cache.backend import CacheBackend
     from policies.embedder import Embedder
     from policies.policy import Policy
     from policies.router.model import Router
@@ -25,6 +25,6 @@ class Services:
     pool: UpstreamPool
     engine: EdgeEngine | None = None  # the local GGUF lane
     embedder: Embedder | None = None  # micro-batched sentence embeddings, shared by cache and router
-    cache: SemanticCache | None = None
+    cache: CacheBackend | None = None  # SemanticCache (embedded) or SharedCache (state.backend: redis)
     router: Router | None = None  # the complexity router (loaded by the route stage when None)
     telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets

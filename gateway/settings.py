@@ -177,6 +177,9 @@ class StateSettings(_Strict):
     hold_ttl_s: float = Field(900.0, gt=0, description="a reservation no replica settled (it died) is released after this")
     stream_batch_tokens: int = Field(32, ge=1, description="streams are charged to the store every this many tokens")
     stream_batch_ms: float = Field(250.0, ge=0, description="... or this often, whichever comes first")
+    cache_stream_max_len: int = Field(
+        100_000, ge=1000, description="the semantic cache's vector stream keeps about this many events (a new replica catches up from it)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -288,6 +291,13 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         auth["allow_open_on_network"] = env["TIERLANE_ALLOW_OPEN_ON_NETWORK"]  # validated as a boolean
     if auth:
         out["auth"] = auth
+    state: dict[str, Any] = {}
+    if env.get("TIERLANE_STATE_BACKEND"):
+        state["backend"] = env["TIERLANE_STATE_BACKEND"]  # validated: embedded or redis
+    if env.get("TIERLANE_STATE_URL"):
+        state["url"] = env["TIERLANE_STATE_URL"]
+    if state:
+        out["state"] = state
     if "TIERLANE_POLICY" in env:
         out["policy_file"] = env["TIERLANE_POLICY"]
     if "TIERLANE_EDGE" in env:

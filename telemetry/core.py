@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from opentelemetry.sdk.metrics.export import MetricReader
@@ -41,6 +41,9 @@ from telemetry.tokens import (
 )
 from telemetry.usage import UsageQuery, run_query
 
+if TYPE_CHECKING:
+    from telemetry.fleet_usage import FleetUsage
+
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +63,7 @@ class Telemetry:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         shared: Callable[[Budgets], SharedBudgets] | None = None,
+        fleet: FleetUsage | None = None,
     ) -> None:
         self.config = config
         self.pricing = Pricing.from_policy(policy)
@@ -67,6 +71,8 @@ class Telemetry:
         self.budgets.enabled = self.budgets.enabled and config.metering
         # state.backend: redis: limits counted in the shared store; None: in self.budgets alone
         self.shared = shared(self.budgets) if shared is not None and self.budgets.enabled else None
+        # state.backend: redis: every metered request is also added to the fleet's totals in the store
+        self.fleet = fleet if config.metering else None
         self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s)
         self.bounds = LabelBounds(config.tenants, config.apps, {*self.pricing.known, *config.models})
         self._providers = build_providers(
@@ -84,13 +90,14 @@ class Telemetry:
             upstream_provider=config.upstream_provider,
         )
         self.otel = OtelMetrics(mp.get_meter("tierlane")) if mp is not None else None
-        shared_state = self.shared
+        shared_state, fleet_usage = self.shared, self.fleet
         self.prometheus = (
             PromMetrics(
                 ledger_pending=self.ledger.pending,
                 ledger_failed=lambda: self.ledger.failed,
                 store_errors=None if shared_state is None else lambda: shared_state.store_errors,
                 store_fallbacks=None if shared_state is None else lambda: shared_state.fallback_admissions,
+                usage_store_errors=None if fleet_usage is None else lambda: fleet_usage.errors,
             )
             if config.metrics
             else None
@@ -119,6 +126,9 @@ class Telemetry:
         if self.shared is not None:
             shared, self.shared = self.shared, None
             await shared.close()
+        if self.fleet is not None:
+            fleet, self.fleet = self.fleet, None
+            await fleet.close()
         if self._started:
             await asyncio.to_thread(self.ledger.close)
             self._started = False
@@ -237,7 +247,10 @@ class Telemetry:
             await self.shared.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
         latency = max(0.0, ended - ctx.received_at)
         ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
-        self.ledger.append(self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency))
+        row = self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency)
+        self.ledger.append(row)
+        if self.fleet is not None:
+            self.fleet.record(row)  # in the background; a store failure is counted, never raised
         if self.otel is not None or self.prometheus is not None:
             measurement = self._measurement(ctx, outcome, usage, bill, latency, ttft)
             if self.otel is not None:
@@ -343,6 +356,21 @@ class Telemetry:
             await asyncio.to_thread(self.ledger.flush)
         return await asyncio.to_thread(run_query, self.ledger, query)
 
+    async def fleet_usage(self, query: UsageQuery) -> tuple[list[dict[str, Any]], str, str | None]:
+        """(rows, source, warning): the totals of every replica from the shared store (source "fleet",
+        whole UTC hours) when there is one and it answers, else this replica's ledger ("local"; with
+        the redis backend, a warning says the store did not answer)."""
+        fleet = self.fleet
+        if fleet is not None:
+            try:
+                return await fleet.query(query), "fleet", None
+            except Exception as exc:  # noqa: BLE001 - store down or slow: this replica's ledger answers
+                fleet.query_errors += 1
+                log.warning("fleet usage query failed, answering from the local ledger: %r", exc)
+                warning = "the shared state store did not answer: these are this replica's totals only"
+                return await self.usage(query), "local", warning
+        return await self.usage(query), "local", None
+
     def render_metrics(self) -> bytes:
         return self.prometheus.render() if self.prometheus is not None else b""
 
@@ -379,10 +407,29 @@ def reservation_usd(price: TokenPrice, body: Mapping[str, Any], output_tokens: i
 async def build_telemetry(settings: Any, policy: Policy, error_codes: frozenset[str] = frozenset()) -> Telemetry:
     """The gateway component builder: a started Telemetry from `gateway.settings.Settings`."""
     telemetry = Telemetry(
-        TelemetryConfig.from_settings(settings), policy, error_codes=error_codes, shared=shared_budgets(settings)
+        TelemetryConfig.from_settings(settings),
+        policy,
+        error_codes=error_codes,
+        shared=shared_budgets(settings),
+        fleet=fleet_usage(settings),
     )
     await telemetry.start()
     return telemetry
+
+
+def fleet_usage(settings: Any) -> FleetUsage | None:
+    """The fleet usage aggregates `state.backend: redis` asks for; None for embedded."""
+    state = getattr(settings, "state", None)
+    if state is None or state.backend != "redis":
+        return None
+    from telemetry.fleet_usage import FleetUsage  # redis is imported only when configured
+
+    return FleetUsage.connect(
+        state.url,
+        key_prefix=state.key_prefix,
+        connect_timeout_s=state.connect_timeout_ms / 1000.0,
+        op_timeout_s=state.op_timeout_ms / 1000.0,
+    )
 
 
 def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:

@@ -50,6 +50,7 @@ class PromMetrics:
         ledger_failed: Callable[[], float] | None = None,
         store_errors: Callable[[], float] | None = None,
         store_fallbacks: Callable[[], float] | None = None,
+        usage_store_errors: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
@@ -133,6 +134,15 @@ class PromMetrics:
                     "tierlane_budget_store_fallback_admissions",
                     "Requests admitted without the shared budget store (state.on_store_error: allow)",
                     store_fallbacks,
+                )
+            )
+        if usage_store_errors is not None:
+            # state.backend: redis: fleet usage writes lost (the ledger rows are not)
+            self.registry.register(
+                _ReadCounter(
+                    "tierlane_usage_store_errors",
+                    "Fleet usage aggregate writes to the shared store that failed, timed out or were dropped",
+                    usage_store_errors,
                 )
             )
 

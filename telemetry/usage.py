@@ -111,14 +111,17 @@ def run_query(ledger: Ledger, query: UsageQuery) -> list[dict[str, Any]]:
     return rows
 
 
-def report(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON body of GET /v1/usage."""
+def report(
+    query: UsageQuery, rows: Sequence[dict[str, Any]], source: str | None = None, warning: str | None = None
+) -> dict[str, Any]:
+    """The JSON body of GET /v1/usage; `source` (when given): "fleet" (every replica, from the shared
+    store, whole hours) or "local" (this replica's ledger)."""
     total = {name: 0 for name in MEASURES}
     for row in rows:
         for name in MEASURES:
             total[name] += row[name]
     total = {k: round(v, 9) if k.endswith("_usd") else v for k, v in total.items()}
-    return {
+    body: dict[str, Any] = {
         "object": "usage.report",
         "from": iso_time(query.start),
         "to": iso_time(query.end),
@@ -127,6 +130,11 @@ def report(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "data": list(rows),
         "total": total,
     }
+    if source is not None:
+        body["source"] = source
+    if warning is not None:
+        body["warning"] = warning
+    return body
 
 
 def to_csv(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> str:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from gateway.context import Answer, RequestContext, Usage
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
+from policies.cache.backend import CacheBackend
 from policies.cache.replay import fresh_body, replay_chunks
 from policies.cache.scope import build_key, wants
-from policies.cache.service import SemanticCache
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class CacheLookupStage:
     """Sets ctx.cache_status/key/similarity; on a hit answers with the stored completion."""
 
-    cache: SemanticCache
+    cache: CacheBackend
     embedder: Any = None
     name: str = "cache_lookup"
     operations = TEXT_OPERATIONS

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import Outcome, RequestContext
+from policies.cache.backend import CacheBackend
 from policies.cache.scope import CacheKey, wants
-from policies.cache.service import SemanticCache
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -36,7 +36,7 @@ def admissible(ctx: RequestContext, outcome: Outcome) -> bool:
 class CacheStoreHook:
     """Stores the answer under the key the lookup computed, so both use the same scope."""
 
-    cache: SemanticCache
+    cache: CacheBackend
     name: str = "cache_store"
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:

@@ -13,21 +13,27 @@ from aiohttp import web
 
 from gateway.auth import require_admin, require_global_admin, require_tenant_admin
 from gateway.context import Principal
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.keys import PRINCIPAL, SERVICES
+from policies.cache.backend import CacheUnavailable
 
 if TYPE_CHECKING:
     from gateway.services import Services
-    from policies.cache.service import SemanticCache
+    from policies.cache.backend import CacheBackend
 
 
-def _admin_cache(request: web.Request, services: Services | None) -> tuple[Principal, SemanticCache]:
+def _admin_cache(request: web.Request, services: Services | None) -> tuple[Principal, CacheBackend]:
     principal = require_admin(request.get(PRINCIPAL), "purging the cache")
     services = services or request.app.get(SERVICES)
     if services is None or services.cache is None:
         raise NotFound("the semantic cache is switched off on this gateway")
-    cache: SemanticCache = services.cache
+    cache: CacheBackend = services.cache
     return principal, cache
+
+
+def _unavailable() -> GatewayError:
+    # state.backend: redis and the store is down or slow: nothing was purged, so say so (a lookup would miss meanwhile).
+    return GatewayError("the shared cache store is unavailable; nothing was purged, try again shortly", status=503, retry_after=1.0)
 
 
 def _json(payload: dict[str, object]) -> web.Response:
@@ -43,7 +49,10 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
         if not tenant:
             raise InvalidRequest("say which tenant's entries to purge: DELETE /v1/cache?tenant=NAME", param="tenant")
         require_tenant_admin(principal, tenant, "purging the cache")
-        deleted = await cache.purge_tenant(tenant)
+        try:
+            deleted = await cache.purge_tenant(tenant)
+        except CacheUnavailable:
+            raise _unavailable() from None
         return _json({"object": "cache.purge", "tenant": tenant, "deleted": deleted})
 
     async def purge_key(request: web.Request) -> web.Response:
@@ -54,7 +63,10 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
             raise InvalidRequest(
                 "the key is the 64-hex x-tierlane-cache-key of a hit, or an entry id", param="key"
             )
-        deleted = await cache.purge_key(key)
+        try:
+            deleted = await cache.purge_key(key)
+        except CacheUnavailable:
+            raise _unavailable() from None
         if not deleted:
             raise NotFound(f"no cache entry with key {key}")
         return _json({"object": "cache.purge", "key": key, "deleted": deleted})

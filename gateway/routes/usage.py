@@ -2,6 +2,11 @@
 
 A global admin reads every tenant; a tenant admin (`admin_scope: tenant`) reads only its own
 tenant's rows, and asking for another tenant is 403.
+
+With `state.backend: redis` the totals are the whole fleet's (every replica), read from the shared
+store at whole-UTC-hour granularity (`source: "fleet"`); when the store does not answer, this
+replica's ledger answers instead (`source: "local"` and a `warning`). The source is also the
+`x-usage-source` header (CSV has no other place for it).
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
         if not principal.global_admin:
             require_tenant_admin(principal, query.filters.get("tenant", principal.tenant), "GET /v1/usage")
             query = query.for_tenant(principal.tenant)
-        rows = await telemetry.usage(query)
-        headers = {"x-request-id": request.get(REQUEST_ID, "")}
+        rows, source, warning = await telemetry.fleet_usage(query)
+        headers = {"x-request-id": request.get(REQUEST_ID, ""), "x-usage-source": source}
         if "text/csv" in request.headers.get("Accept", ""):
             return web.Response(text=to_csv(query, rows), content_type="text/csv", headers=headers)
-        return web.Response(body=orjson.dumps(report(query, rows)), content_type="application/json", headers=headers)
+        body = report(query, rows, source, warning)
+        return web.Response(body=orjson.dumps(body), content_type="application/json", headers=headers)
 
     app.router.add_get("/v1/usage", usage)

