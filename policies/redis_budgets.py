@@ -25,6 +25,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from policies.budget_store import Tally
 from policies.budgets import WINDOW_S, Budgets, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
 
@@ -102,11 +103,22 @@ class RedisBudgets:
         reply = await self._charge(keys=keys, args=[key, tokens, repr(max(0.0, cost)), self._ttl, *args])
         return self._error(reply, who, tenant, app, admission=False, tokens=tokens)
 
-    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
+    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float, tally: Tally | None = None) -> bool:
+        """One EVALSHA; with `tally` (its keys in this tenant's slot) the usage counters go in the same script."""
         keys, _, who = self._scopes(tenant, app)
         if len(who) == 0:
-            return
-        await self._settle(keys=keys, args=[key, tokens, repr(max(0.0, cost))])
+            return False
+        args: list[Any] = [key, tokens, repr(max(0.0, cost))]
+        tag = f"{{{tenant}}}"
+        if tally is not None and tag in tally.key and tag in tally.index:
+            keys += [tally.key, tally.index]
+            args += [tally.bucket, tally.oldest, tally.ttl_s]
+            for name, amount in tally.fields.items():
+                args += [name, repr(amount)]
+        else:
+            tally = None
+        await self._settle(keys=keys, args=args)
+        return tally is not None
 
     async def close(self) -> None:
         await self.client.aclose()

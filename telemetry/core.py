@@ -241,16 +241,24 @@ class Telemetry:
             else:
                 self.shared.release_soon(ctx.uid)
             raise
-        if self.shared is None:
-            self.budgets.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
-        else:
-            await self.shared.settle(ctx.uid, usage.input_tokens + usage.output_tokens, bill.cost)
         latency = max(0.0, ended - ctx.received_at)
         ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
         row = self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency)
+        fleet, tokens = self.fleet, usage.input_tokens + usage.output_tokens
+        if self.shared is None:
+            self.budgets.settle(ctx.uid, tokens, bill.cost)
+            sent = "not_sent"
+        else:
+            # one round trip: the settlement script also adds the row to the fleet's totals
+            sent = await self.shared.settle(ctx.uid, tokens, bill.cost, None if fleet is None else fleet.tally(row))
         self.ledger.append(row)
-        if self.fleet is not None:
-            self.fleet.record(row)  # in the background; a store failure is counted, never raised
+        if fleet is not None:  # a store failure is counted, never raised
+            if sent == "added":
+                fleet.added(row)
+            elif sent == "failed":
+                fleet.lost()
+            else:
+                fleet.record(row)  # in the background
         if self.otel is not None or self.prometheus is not None:
             measurement = self._measurement(ctx, outcome, usage, bill, latency, ttft)
             if self.otel is not None:

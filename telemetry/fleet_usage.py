@@ -13,9 +13,12 @@ any replica answers for the whole fleet:
 Writes are fire-and-forget: one background writer sends a pipeline of HINCRBYFLOATs off the
 response path, bounded by the store's op timeout; requests metered while a pipeline is in flight
 are added up locally and go out together in the next one (one per request when they come one at
-a time, fewer under load). A failure is counted (`errors`, in rows), never raised, and the
-ledger still has the row. Queries read whole hours: a bucket is counted when its hour overlaps [from, to), so a
-range is widened to the hours around it (the ledger counts to the second).
+a time, fewer under load). A request the shared budgets settle (its tenant or app has a limit)
+carries its increments in that settlement's script instead (`tally`, one round trip for both;
+the tenants set, in another slot, is then added by the writer once per tenant and hour). A
+failure is counted (`errors`, in rows), never raised, and the ledger still has the row.
+Queries read whole hours: a bucket is counted when its hour overlaps [from, to), so a range is
+widened to the hours around it (the ledger counts to the second).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
+from policies.budget_store import Tally
 from telemetry.ledger import LedgerRow
 from telemetry.usage import MEASURES, UsageQuery
 
@@ -80,6 +84,8 @@ class FleetUsage:
         self._pending: dict[tuple[str, int], dict[str, float]] = {}
         self._pending_rows = 0
         self._groups = 0
+        self._announce: set[str] = set()  # tenants to add to the tenants set (their usage went with a settlement)
+        self._announced: dict[str, int] = {}  # tenant -> the hour it was last added in
         self._writer: asyncio.Task[None] | None = None
         self._failures = 0
         self.errors = 0  # rows that failed, timed out or were dropped
@@ -109,6 +115,28 @@ class FleetUsage:
 
     # Writes -----------------------------------------------------------------------------
 
+    def tally(self, row: LedgerRow) -> Tally:
+        """The increments of one row, for a budget settlement to add in its own round trip (see `added`)."""
+        hour = int(row.ts // HOUR_S)
+        group = orjson.dumps([row.app, row.model, row.lane]).decode()[:-1]
+        fields = {f'{group},"{measure}"]': amount for measure, amount in _amounts(row).items() if amount}
+        return Tally(self._hour_key(row.tenant, hour), self._hours_key(row.tenant), hour, hour - USAGE_TTL_S // HOUR_S,
+                     USAGE_TTL_S, fields)  # fmt: skip
+
+    def added(self, row: LedgerRow) -> None:
+        """A settlement added this row's `tally`: what is left is the tenants set, once per tenant and hour."""
+        hour = int(row.ts // HOUR_S)
+        if self._announced.get(row.tenant) != hour:
+            self._announced[row.tenant] = hour
+            self._announce.add(row.tenant)
+            if self._writer is None:
+                self._writer = self._spawn(self._write())
+
+    def lost(self, rows: int = 1) -> None:
+        """A settlement carrying tallies failed: count them as failed writes."""
+        self.errors += rows
+        self._log(RuntimeError("the budget settlement carrying the usage failed"))
+
     def record(self, row: LedgerRow) -> None:
         """Add one metered request to the aggregates, in the background (never raises, never waits)."""
         if self._groups >= MAX_PENDING:
@@ -129,20 +157,25 @@ class FleetUsage:
 
     async def _write(self) -> None:
         try:
-            while self._pending:
-                batch, rows = self._pending, self._pending_rows
-                self._pending, self._pending_rows, self._groups = {}, 0, 0
+            while self._pending or self._announce:
+                batch, rows, tenants = self._pending, self._pending_rows, self._announce
+                self._pending, self._pending_rows, self._groups, self._announce = {}, 0, 0, set()
                 try:
-                    await asyncio.wait_for(self._send(batch), self._timeout)
+                    async with asyncio.timeout(self._timeout):
+                        await self._send(batch, tenants)
                 except Exception as exc:  # noqa: BLE001 - any store failure: counted; the ledgers have the rows
                     self.errors += rows
+                    for tenant in tenants:  # try again with the tenant's next row
+                        self._announced.pop(tenant, None)
                     self._log(exc)
         finally:
             self._writer = None
 
-    async def _send(self, batch: dict[tuple[str, int], dict[str, float]]) -> None:
-        """The increments of a batch in one round trip."""
+    async def _send(self, batch: dict[tuple[str, int], dict[str, float]], tenants: set[str]) -> None:
+        """The increments of a batch (and the tenants to add to the tenants set) in one round trip."""
         pipe = self.client.pipeline(transaction=False)
+        if tenants:
+            pipe.sadd(self._tenants_key, *sorted(tenants))
         for (tenant, hour), fields in batch.items():
             key, hours = self._hour_key(tenant, hour), self._hours_key(tenant)
             for name, amount in fields.items():

@@ -179,6 +179,15 @@ class SharedCache:
     async def start(self) -> None:
         """Start following the stream from its start (the catch-up); a store that is down is retried."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-cache")
+        # NOTE: the scripts are loaded once here, not on a replica's first store: a NOSCRIPT
+        # round (load, then run) took longer than op_timeout_ms under load, and that one
+        # timeout switched the shared cache off for _BACKOFF_S. A store that is down now is
+        # fine: the first store loads them then.
+        for script in (self._store_script, self._purge_script):
+            try:
+                await asyncio.wait_for(self.client.script_load(script.script), timeout=max(1.0, self._timeout * 10))
+            except Exception as exc:  # noqa: BLE001 - down or slow at start: loaded on first use instead
+                logger.warning("shared cache: could not preload a script (%s); it is loaded on first use", exc)
         self._follow_task = asyncio.create_task(self._follow())
 
     async def close(self) -> None:

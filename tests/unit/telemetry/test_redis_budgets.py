@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from policies.budget_store import Tally
 from policies.budgets import Budgets
 from policies.errors import BudgetExceeded, LimitExceeded
 from policies.policy import Policy
@@ -116,3 +117,24 @@ async def test_streams_are_charged_in_batches_and_a_breach_ends_them(client: aio
     assert shared.in_flight() == 0
     window = sum(float(v) for v in await client.hvals("tierlane:{acme}:t:tok"))
     assert window == 5 + produced  # the final count replaced what the batches charged
+
+
+async def test_a_settlement_adds_the_usage_tally_in_the_same_round_trip(client: aioredis.Redis) -> None:
+    budgets = _budgets(requests_per_minute=100)
+    shared = SharedBudgets(budgets, RedisBudgets(budgets, client), op_timeout_s=1.0)
+    tally = Tally("tierlane:{acme}:usage:7", "tierlane:{acme}:usage:hours", 7, 5, 3600, {"requests": 1.0, "cost": 0.25})
+    await shared.admit("t", "acme", "web", 5, 0.0)
+    assert await shared.settle("t", 9, 0.25, tally) == "added"  # loads the script (a second EVALSHA)
+    await client.zadd("tierlane:{acme}:usage:hours", {"1": 1})  # older than `oldest`: dropped by the next tally
+    await shared.admit("u", "acme", "web", 5, 0.0)
+    before = await _script_calls(client)
+    assert await shared.settle("u", 9, 0.25, tally) == "added"
+    assert await _script_calls(client) - before == 1
+    assert await client.hgetall("tierlane:{acme}:usage:7") == {b"requests": b"2", b"cost": b"0.5"}
+    assert await client.zrange("tierlane:{acme}:usage:hours", 0, -1, withscores=True) == [(b"7", 7.0)]
+    assert 0 < await client.ttl("tierlane:{acme}:usage:7") <= 3600
+    # not admitted against the store (unlimited, or by the fallback): the caller sends the tally itself
+    assert await shared.settle("never-admitted", 9, 0.25, tally) == "not_sent"
+    elsewhere = Tally("tierlane:{globex}:usage:7", "tierlane:{globex}:usage:hours", 7, 5, 3600, {"requests": 1.0})
+    await shared.admit("v", "acme", "web", 5, 0.0)
+    assert await shared.settle("v", 9, 0.25, elsewhere) == "not_sent"  # another tenant's slot: never in this script
