@@ -58,6 +58,16 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + fed generated tokens, by position
     stop: StopMatcher | None = None
     first_token_at: float | None = None
+    # speculative decoding (scheduler.py): whether this sequence may draft, its recent record
+    # (draft tokens kept, drafts cut short; both decay) per kind of match, decode steps to wait,
+    # times paused
+    # per kind of match (0: short, 1: long, see speculative.py), and the kind of the draft in flight
+    spec: bool = False
+    hits: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    misses: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    draft_kind: int = 0
+    spec_pause: int = 0
+    spec_pauses: int = 0
 
     @property
     def prefilling(self) -> bool:

@@ -7,6 +7,10 @@ the context is freed and the engine (the supervisor) starts a fresh scheduler.
 
 How many prompt tokens a step carries comes from the cost model in step_cost.py; finished
 prompts kept for reuse live in the prefix cache of prefix_cache.py.
+
+Greedy sequences may speculate (prompt lookup): the tokens that followed the sequence's last
+n-gram earlier in its own prompt or output are decoded as a draft in the same step, and the
+longest prefix the model agrees with is kept; see `lookup_draft` and `Scheduler._drafts`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
 from edge_engine.prefix_cache import PrefixCache
 from edge_engine.sampling import build_sampler
 from edge_engine.settings import EdgeSettings
+from edge_engine.speculative import DraftCost, lookup_draft, match_kind, match_prior
 from edge_engine.stats import EngineStats
 from edge_engine.step_cost import StepCost
 from edge_engine.text import StopMatcher
@@ -33,6 +38,12 @@ from edge_engine.text import StopMatcher
 log = logging.getLogger(__name__)
 
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the context is no longer trusted
+# A sequence's acceptance: draft tokens kept against drafts cut short, decayed per draft, over a
+# prior from the match length worth PRIOR_WEIGHT drafts; it sets the draft length through the
+# cost model (speculative.py).
+PRIOR_WEIGHT = 3.0
+DECAY = 0.7
+FIRST_PAUSE = 16  # decode steps a sequence whose drafts do not pay waits before drafting again (doubles)
 
 
 class Scheduler:
@@ -64,6 +75,21 @@ class Scheduler:
         self._last_decode_at = 0.0
         # Prompt step cost model, calibrated once at start (see step_cost.py)
         self.steps = StepCost(settings.prefill_chunk)
+        self.draft_cost = DraftCost()  # timed at start when speculation is enabled
+        # NOTE: drafts are exact (greedy text identical with and without them, alone and
+        # batched; tests/unit/edge_engine/test_speculative.py, bench/edge_speculative.py) only
+        # where a token's numbers do not depend on how many rows of its sequence a step carries:
+        # a KV stream per sequence (in a shared pool rejected drafts move where later cells
+        # land), flash attention over a quantized cache (its per-row path; without flash
+        # attention the f16 attention matmuls round differently for a multi-row step: 5 of 14
+        # prompts changed text with drafts) and CPU kernels (GPU builds pick other matmul
+        # kernels by batch size: not verified). Elsewhere drafts are off.
+        self.speculate = (
+            settings.speculative.enabled
+            and settings.batch_invariant
+            and settings.flash_attn
+            and settings.n_gpu_layers == 0
+        )
         self._service_s = 2.0  # running mean of request durations, for Retry-After
         self._in_step: list[Sequence] = []  # the sequences of the step being run
         self._step_failures = 0  # consecutive
@@ -115,20 +141,27 @@ class Scheduler:
             self._cancelled.append(seq)
             self._cond.notify()
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, int | float]:
         with self._cond:
             waiting = len(self._waiting)
         prefixes, steps = self._prefixes, self.steps
         prefix_cells = prefixes.cells if prefixes is not None else 0
+        own = [s.n_past - s.cached for s in self._active]
         return {
             "queue_depth": waiting,
             "active_sequences": len(self._active),
             "kv_cells_reserved": self._reserved + prefix_cells,
-            "kv_cells_used": sum(s.n_past - s.cached for s in self._active) + prefix_cells,
+            "kv_cells_used": sum(own) + prefix_cells,
+            # cells each active sequence computed itself (borrowed prefix cells are counted once, above)
+            "kv_cells_per_sequence_max": max(own, default=0),
+            "kv_cells_per_sequence_mean": round(sum(own) / len(own), 1) if own else 0.0,
             "kv_cells_total": self.ctx.n_ctx_total if self.ctx else self.settings.n_ctx,
             "slots": self.settings.slots,
             "prefix_entries": len(prefixes) if prefixes is not None else 0,
             "prompt_tokens_per_step": steps.chunk,
+            # timed at start: what the first and each further draft row add to a one-token step
+            "spec_draft_row_cost_first": round(self.draft_cost.first, 3),
+            "spec_draft_row_cost": round(self.draft_cost.row, 3),
             "prompt_tokens_per_step_at_n_ctx": steps.piece(self.ctx.n_ctx - 1 if self.ctx else self.settings.n_ctx - 1),
         }
 
@@ -158,6 +191,8 @@ class Scheduler:
             self.steps = StepCost.calibrate(
                 self.ctx, self.model, self._free_ids[0], step_ms=s.prefill_step_ms, max_tokens=s.prefill_chunk
             )
+            if self.speculate:
+                self.draft_cost = DraftCost.calibrate(self.ctx, self.model, self._free_ids[0])
         except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it on the loop
             with self._cond:
                 self._stopping = True
@@ -261,6 +296,17 @@ class Scheduler:
             try:
                 seq.sampler = build_sampler(seq.params, self.settings.seed, self.model.n_vocab)
                 seq.stop = StopMatcher(list(seq.params.stop))
+                p = seq.params
+                # NOTE: drafts are checked against the greedy token only, and sampling a draft
+                # row through a chain with penalties would record tokens that may be rejected:
+                # sequences with penalties or temperature > 0 never speculate.
+                seq.spec = (
+                    self.speculate
+                    and p.greedy
+                    and p.repeat_penalty == 1.0
+                    and not p.presence_penalty
+                    and not p.frequency_penalty
+                )
             except Exception as exc:
                 log.exception("could not set up sampling for an edge request")
                 seq.deliver(EngineFailure(f"the edge engine could not set up sampling for this request: {exc}"))
@@ -279,19 +325,23 @@ class Scheduler:
         assert self.ctx is not None and self.model is not None
         parts: list[tuple[Sequence, list[BatchEntry]]] = []
         decoding = [s for s in self._active if not s.prefilling]
-        for seq in decoding:
-            assert seq.last_token is not None
-            parts.append((seq, [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]))
-        n_decode = len(parts)
         budget = self.steps.budget()
         started = time.perf_counter()
-        if parts and not self.settings.mix_prefill and any(s.prefilling for s in self._active):
+        if decoding and not self.settings.mix_prefill and any(s.prefilling for s in self._active):
             # NOTE: prompt chunks get their own steps. Prompts go first (new requests reach
             # their first token sooner); running sequences still decode every decode_gap_ms.
             if self._decode_turn(started):
                 budget = 0
             else:
-                parts, n_decode = [], 0
+                decoding = []
+        drafts = self._drafts(decoding)
+        for seq in decoding:
+            assert seq.last_token is not None
+            draft = drafts.get(seq.seq_id, [])
+            part = [BatchEntry(seq.last_token, seq.n_past, seq.seq_id, True)]
+            part += [BatchEntry(t, seq.n_past + 1 + i, seq.seq_id, True) for i, t in enumerate(draft)]
+            parts.append((seq, part))
+        n_decode = sum(len(part) for _, part in parts)
         # NOTE: the prompt with the least ingestion time left goes first (by the cost model,
         # not by tokens: the last 18 tokens of a 1,500-token prompt cost twice a fresh 20-token
         # one); a prompt's next piece joins the step only if it fits whole, so a long prompt does
@@ -309,6 +359,8 @@ class Scheduler:
             # the first piece always goes (it was sized to the step); others only if they fit
             if budget <= 0 or (width and budget < cost * (1.0 - 1e-9)):
                 break
+            if n_decode + sum(len(part) for _, part in parts[len(decoding) :]) + take > self.ctx.n_batch:
+                break  # drafts took the room (only when prompt pieces share steps with decodes)
             # NOTE: with a KV stream per sequence llama.cpp splits a step into passes of equal
             # tokens per sequence, so pieces of unequal length would be cut again by their
             # neighbours (and a 1-token remainder takes other kernels). Only equal pieces share.
@@ -326,11 +378,14 @@ class Scheduler:
         parts.sort(key=lambda part: part[0].seq_id)
         self._in_step = [seq for seq, _ in parts]
         entries: list[BatchEntry] = []
-        rows: list[tuple[Sequence, int]] = []
+        rows: list[tuple[Sequence, int, list[int]]] = []  # sequence, its first logits row, its draft
         for seq, part in parts:
+            first = len(entries)
             entries.extend(part)
-            if part[-1].logits:
-                rows.append((seq, len(entries) - 1))
+            if not seq.prefilling:
+                rows.append((seq, first, drafts.get(seq.seq_id, [])))
+            elif part[-1].logits:
+                rows.append((seq, len(entries) - 1, []))
         rc = self.ctx.decode(entries)
         if rc != 0:
             self._fail_step(rc)
@@ -340,11 +395,82 @@ class Scheduler:
             self._last_decode_at = started
         self._last_step_decoded = n_decode > 0
         self._advance(entries)
-        self.stats.record_step(n_prompt, n_decode)
         now = time.perf_counter()
-        for seq, index in rows:
-            token = self.ctx.sample(seq.sampler, index)
-            self._on_token(seq, token, now)
+        verified: list[tuple[Sequence, list[int]]] = []
+        for seq, index, draft in rows:
+            # the model's own token after each kept one, up to the first that differs from the draft
+            tokens = [self.ctx.sample(seq.sampler, index)]
+            while len(tokens) <= len(draft) and tokens[-1] == draft[len(tokens) - 1]:
+                tokens.append(self.ctx.sample(seq.sampler, index + len(tokens)))
+            if draft:
+                rejected = len(draft) - (len(tokens) - 1)
+                if rejected:
+                    seq.n_past -= rejected
+                    del seq.tokens[seq.n_past :]
+                    self.ctx.seq_rm(seq.seq_id, seq.n_past, -1)
+                    n_decode -= rejected
+                self._judge(seq, len(draft), len(tokens) - 1)
+            verified.append((seq, tokens))
+        self.stats.record_step(n_prompt, n_decode)
+        for seq, tokens in verified:
+            for token in tokens:
+                # NOTE: token by token, as without drafts: a stop string, an end-of-generation
+                # token or max_tokens ends the sequence at the same token, even mid-draft.
+                self._on_token(seq, token, now)
+                if seq not in self._active:
+                    break  # it finished
+
+    def _drafts(self, decoding: list[Sequence]) -> dict[int, list[int]]:
+        """Draft tokens per sequence id for this decode step (prompt lookup), possibly none."""
+        spec = self.settings.speculative
+        candidates = [s for s in decoding if s.spec]
+        if not candidates:
+            return {}
+        if len(decoding) >= spec.max_batch:
+            # NOTE: each draft row costs about half a one-token step on CPU whatever shares it,
+            # while a step of many sequences already fills the cores: past the measured
+            # crossover (bench/edge_speculative.py) drafts lose more than they gain.
+            self.stats.spec_skipped_steps_total += 1
+            return {}
+        drafts: dict[int, list[int]] = {}
+        for seq in candidates:
+            if seq.spec_pause > 0:
+                seq.spec_pause -= 1
+                continue
+            assert seq.last_token is not None
+            room = min(spec.max_draft, seq.max_new - seq.generated - 1)  # never past max_tokens
+            draft, match = lookup_draft(seq.tokens, seq.last_token, spec.ngram_sizes, room)
+            if not draft:
+                continue
+            # NOTE: short matches (common phrasing) and long ones (a copy in progress) keep very
+            # different shares of their drafts, so each kind has its own record and prior.
+            kind = match_kind(match)
+            hits, misses = seq.hits[kind], seq.misses[kind]
+            p = (hits + PRIOR_WEIGHT * match_prior(match)) / (hits + misses + PRIOR_WEIGHT)
+            length = self.draft_cost.length(p, len(draft)) if p >= spec.min_acceptance else 0
+            if length:
+                drafts[seq.seq_id] = draft[:length]
+                seq.draft_kind = kind
+        if len(drafts) > 1:
+            # NOTE: with a KV stream per sequence llama.cpp splits a step into passes of equal
+            # tokens per sequence (see _step): drafts of one length cost one extra pass at most.
+            # Exactness does not depend on it (rows are computed independently on CPU).
+            n = min(len(d) for d in drafts.values())
+            drafts = {k: d[:n] for k, d in drafts.items()}
+        return drafts
+
+    def _judge(self, seq: Sequence, drafted: int, kept: int) -> None:
+        """Updates a sequence's acceptance; pauses it while its drafts do not pay."""
+        self.stats.record_draft(drafted, kept)
+        k = seq.draft_kind
+        seq.hits[k] = seq.hits[k] * DECAY + kept
+        seq.misses[k] = seq.misses[k] * DECAY + (kept < drafted)
+        if seq.misses[k] > seq.hits[k] and seq.misses[k] >= 1.0:
+            # NOTE: a rejected draft row costs about half a plain step for nothing; a sequence
+            # whose drafts miss more than they keep backs off, doubling the wait each time.
+            seq.spec_pause = FIRST_PAUSE << min(seq.spec_pauses, 6)
+            seq.spec_pauses += 1
+            seq.hits, seq.misses = [0.0, 0.0], [0.0, 0.0]
 
     def _advance(self, entries: list[BatchEntry]) -> None:
         by_id = {s.seq_id: s for s in self._active}

@@ -25,12 +25,22 @@ class EngineStats:
     rejected_total: int = 0
     step_failures_total: int = 0  # steps that raised; their sequences were failed
     restarts_total: int = 0  # schedulers started again after one failed
+    spec_drafted_total: int = 0  # draft tokens decoded for verification
+    spec_accepted_total: int = 0  # of those, kept (equal to the model's own greedy token)
+    spec_steps_total: int = 0  # drafts verified (one per sequence per step that drafted)
+    spec_skipped_steps_total: int = 0  # decode steps with drafts possible that had too many sequences
 
     def record_step(self, n_prefill: int, n_decode: int) -> None:
         with self._lock:
             self._steps.append((time.perf_counter(), n_prefill, n_decode))
             self.prefill_tokens_total += n_prefill
             self.decode_tokens_total += n_decode
+
+    def record_draft(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.spec_drafted_total += drafted
+            self.spec_accepted_total += accepted
+            self.spec_steps_total += 1
 
     def record_ttft(self, seconds: float) -> None:
         with self._lock:
@@ -49,7 +59,13 @@ class EngineStats:
                 "rejected_total": self.rejected_total,
                 "step_failures_total": self.step_failures_total,
                 "restarts_total": self.restarts_total,
+                "spec_drafted_tokens_total": self.spec_drafted_total,
+                "spec_accepted_tokens_total": self.spec_accepted_total,
+                "spec_drafts_total": self.spec_steps_total,
+                "spec_skipped_steps_total": self.spec_skipped_steps_total,
             }
+            drafted = self.spec_drafted_total
+            acceptance = self.spec_accepted_total / drafted if drafted else None
         span = max(1e-6, min(self.window_s, now - recent[0][0])) if recent else None
         return {
             **totals,
@@ -57,4 +73,5 @@ class EngineStats:
             "decode_tokens_per_s": sum(s[2] for s in recent) / span if span else 0.0,
             "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft.size else None,
             "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft.size else None,
+            "spec_acceptance_rate": acceptance,
         }
