@@ -156,6 +156,21 @@ def render_edge_kv_quality(data: dict[str, Any]) -> list[str]:
                            "greedy tokens before first difference"], rows)
 
 
+def render_edge_speculative(data: dict[str, Any]) -> list[str]:
+    summary = data["summary"]
+    names = {
+        "a_grounded_c1": "input-grounded, concurrency 1",
+        "b_everyday_c1": "everyday, concurrency 1",
+        "b_everyday_c8": "everyday, concurrency 8",
+        "c_grounded_c8": "input-grounded, concurrency 8",
+    }
+    rows = [[label, summary[key]["speedup"], summary[key]["acceptance_rate"], summary[key]["target"]]
+            for key, label in names.items() if key in summary]
+    identical = ", ".join(f"{k} {v}" for k, v in summary.get("d_identical", {}).items())
+    lines = [f"Speculation on vs off, tokens/s ratio; greedy output identical: {identical}.", ""]
+    return lines + _table(["workload", "on / off", "acceptance", "target"], rows)
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -177,6 +192,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "demo": render_replay,
     "edge_engine": render_edge_engine,
     "edge_kv_quality": render_edge_kv_quality,
+    "edge_speculative": render_edge_speculative,
 }
 
 
