@@ -10,6 +10,7 @@ from pydantic import Field
 
 from policies.cache.scope import ScopeRules
 from policies.cache.verify import VerifyConfig, VerifySection
+from policies.policy import Policy
 from policies.sections import OverrideRule, StrictSection, parse_section
 
 # Request fields known not to change the answer (see policies/defaults/cache.yaml).
@@ -104,3 +105,21 @@ class CacheConfig:
             ),
             verify=parsed.verify.config(),
         )
+
+
+class ResolvedConfigs:
+    """The cache policy resolved per tenant/app/model/route, memoised (policies are immutable)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._configs: dict[tuple[str | None, ...], CacheConfig] = {}
+
+    def resolve(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig:
+        key = (tenant, app, model, route)
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) > 4096:
+                self._configs.clear()
+            section = self.policy.resolve("cache", tenant=tenant, app=app, model=model, route=route)
+            config = self._configs[key] = CacheConfig.from_section(section)
+        return config

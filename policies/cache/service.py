@@ -13,7 +13,7 @@ from typing import Any, TypeVar, TypeVarTuple
 
 import numpy as np
 
-from policies.cache.config import CacheConfig
+from policies.cache.config import CacheConfig, ResolvedConfigs
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import VectorIndex
 from policies.cache.matcher import decide
@@ -56,7 +56,7 @@ class SemanticCache:
         self._index = index
         self._store: EntryStore | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._configs: dict[tuple[str | None, ...], CacheConfig] = {}
+        self._configs = ResolvedConfigs(policy)
         self._last_sweep = 0.0
 
     async def start(self) -> None:
@@ -73,15 +73,8 @@ class SemanticCache:
         self._executor = None
 
     def config_for(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig:
-        """The cache policy resolved for one tenant/app/model/route (memoised: policies are immutable)."""
-        key = (tenant, app, model, route)
-        config = self._configs.get(key)
-        if config is None:
-            if len(self._configs) > 4096:
-                self._configs.clear()
-            section = self.policy.resolve("cache", tenant=tenant, app=app, model=model, route=route)
-            config = self._configs[key] = CacheConfig.from_section(section)
-        return config
+        """The cache policy resolved for one tenant/app/model/route."""
+        return self._configs.resolve(tenant=tenant, app=app, model=model, route=route)
 
     async def lookup(
         self,

@@ -41,7 +41,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from policies.cache.backend import CacheUnavailable
-from policies.cache.config import CacheConfig
+from policies.cache.config import CacheConfig, ResolvedConfigs
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.matcher import decide
 from policies.cache.scope import CacheKey
@@ -147,7 +147,7 @@ class SharedCache:
         self._store_script = client.register_script(_STORE_LUA)
         self._purge_script = client.register_script(_PURGE_LUA)
         self._origin = secrets.token_hex(8)  # this replica: its own events are applied when made
-        self._configs: dict[tuple[str | None, ...], CacheConfig] = {}
+        self._configs = ResolvedConfigs(policy)
         self._index = FaissIndex(DIMENSION)
         self._meta: dict[int, _Meta] = {}
         self._by_exact: dict[str, int] = {}
@@ -204,15 +204,8 @@ class SharedCache:
             self._executor = None
 
     def config_for(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig:
-        """The cache policy resolved for one tenant/app/model/route (memoised: policies are immutable)."""
-        key = (tenant, app, model, route)
-        config = self._configs.get(key)
-        if config is None:
-            if len(self._configs) > 4096:
-                self._configs.clear()
-            section = self.policy.resolve("cache", tenant=tenant, app=app, model=model, route=route)
-            config = self._configs[key] = CacheConfig.from_section(section)
-        return config
+        """The cache policy resolved for one tenant/app/model/route."""
+        return self._configs.resolve(tenant=tenant, app=app, model=model, route=route)
 
     # Keys.
 
