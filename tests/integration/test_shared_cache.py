@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.auth import hash_key
 from gateway.keys import SERVICES
@@ -33,15 +31,6 @@ KEYS = [
 QUESTION = "How long should I boil water to make it safe to drink?"
 PARAPHRASE = "how long do i need to boil water so that it is safe to drink"
 ANSWER = "Boil the water for ten minutes"
-
-
-@pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
-    directory = tmp_path / "valkey"
-    directory.mkdir()
-    server = ValkeyServer(directory)
-    yield server
-    server.stop()
 
 
 def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, **state: Any) -> tuple[list[Any], Recorder]:

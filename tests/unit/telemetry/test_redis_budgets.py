@@ -4,7 +4,7 @@ when no replica settles them, and stream charges that stop at the limit."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +17,6 @@ from policies.policy import Policy
 from policies.redis_budgets import RedisBudgets
 from policies.shared_budgets import SharedBudgets
 from tests.support.valkey import ValkeyServer
-
-
-@pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[ValkeyServer]:
-    server = ValkeyServer(tmp_path)
-    yield server
-    server.stop()
 
 
 def _budgets(**tenant: float) -> Budgets:
