@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 from policies.budget_store import Tally
 from policies.budgets import WINDOW_S, Budgets, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
+from policies.redis_client import redis_client
 
 _LUA = resources.files("policies") / "lua"
 
@@ -56,13 +57,7 @@ class RedisBudgets:
         cls, budgets: Budgets, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, hold_ttl_s: float
     ) -> RedisBudgets:
         """A client that connects lazily and reconnects on its own after the server comes back."""
-        client = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=op_timeout_s,
-            retry_on_timeout=False,
-            health_check_interval=30,
-        )
+        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=op_timeout_s)
         return cls(budgets, client, key_prefix=key_prefix, hold_ttl_s=hold_ttl_s)
 
     def _scopes(self, tenant: str, app: str) -> tuple[list[str], list[str], list[str]]:

@@ -34,6 +34,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from policies.budget_store import Tally
+from policies.redis_client import redis_client
 from telemetry.ledger import LedgerRow
 from telemetry.usage import MEASURES, UsageQuery
 
@@ -94,13 +95,8 @@ class FleetUsage:
     @classmethod
     def connect(cls, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float) -> FleetUsage:
         """A client that connects lazily and reconnects on its own after the server comes back."""
-        client = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=max(op_timeout_s, 1.0),  # a query reads many replies; each write has its own bound
-            retry_on_timeout=False,
-            health_check_interval=30,
-        )
+        # a query reads many replies; each write has its own bound
+        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=max(op_timeout_s, 1.0))
         return cls(client, key_prefix=key_prefix, op_timeout_s=op_timeout_s)
 
     def _hour_key(self, tenant: str, hour: int) -> str:

@@ -48,6 +48,7 @@ from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit
 from policies.embedder import DIMENSION
 from policies.policy import Policy
+from policies.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -166,14 +167,9 @@ class SharedCache:
         cls, policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int
     ) -> SharedCache:
         """Clients that connect lazily and reconnect on their own after the server comes back."""
-        client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=connect_timeout_s, socket_timeout=op_timeout_s, retry_on_timeout=False,
-            health_check_interval=30,
-        )  # fmt: skip
-        follower = aioredis.Redis.from_url(
-            url, socket_connect_timeout=connect_timeout_s, socket_timeout=_BLOCK_MS / 1000.0 + 1.0 + op_timeout_s,
-            retry_on_timeout=False, health_check_interval=30,
-        )  # fmt: skip
+        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=op_timeout_s)
+        # the follower blocks on the stream for _BLOCK_MS at a time
+        follower = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=_BLOCK_MS / 1000.0 + 1.0 + op_timeout_s)
         return cls(policy, client, follower, key_prefix=key_prefix, op_timeout_s=op_timeout_s, stream_max_len=stream_max_len)
 
     async def start(self) -> None:

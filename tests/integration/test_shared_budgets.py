@@ -24,7 +24,7 @@ from telemetry.core import reservation_usd
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
-from tests.support.valkey import ValkeyServer
+from tests.support.valkey import ValkeyServer, through_an_outage
 
 MODEL = "fake-model"
 TEXT = "one two three four five six seven eight"
@@ -125,27 +125,15 @@ def test_forty_concurrent_streams_on_two_replicas_overspend_by_at_most_one_reser
 async def _traffic_through_an_outage(urls: list[str], valkey: ValkeyServer) -> list[int]:
     """Four callers send requests (every third a stream) while the store is killed, then started again."""
     statuses: list[int] = []
-    phase = {"done": False}
 
-    async def caller(client: httpx.AsyncClient, k: int) -> None:
-        i = k
-        while not phase["done"]:
-            body = {"model": MODEL, "messages": MSG, "stream": i % 3 == 0}
-            async with client.stream("POST", urls[i % len(urls)] + "/v1/chat/completions", json=body) as r:
-                async for _ in r.aiter_bytes():
-                    pass
-                statuses.append(r.status_code)
-            i += 1
+    async def send(client: httpx.AsyncClient, i: int) -> None:
+        body = {"model": MODEL, "messages": MSG, "stream": i % 3 == 0}
+        async with client.stream("POST", urls[i % len(urls)] + "/v1/chat/completions", json=body) as r:
+            async for _ in r.aiter_bytes():
+                pass
+            statuses.append(r.status_code)
 
-    async with httpx.AsyncClient(timeout=30) as client:
-        callers = [asyncio.create_task(caller(client, k)) for k in range(4)]
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(valkey.kill)
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(valkey.start)  # empty: no persistence
-        await asyncio.sleep(0.5)
-        phase["done"] = True
-        await asyncio.gather(*callers)
+    await through_an_outage(valkey, send, before_s=0.5, down_s=1.0)
     return statuses
 
 

@@ -20,7 +20,7 @@ from gateway.keys import SERVICES
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
-from tests.support.valkey import ValkeyServer
+from tests.support.valkey import ValkeyServer, through_an_outage
 
 ACME, GLOBEX, OPS = "sk-acme-shared-cache", "sk-globex-shared-cache", "sk-ops-shared-cache"
 KEYS = [
@@ -109,27 +109,15 @@ def test_entries_hits_purges_and_tenants_are_shared_by_replicas(bg, make_gateway
 async def _traffic_through_an_outage(urls: list[str], valkey: ValkeyServer) -> list[tuple[int, str]]:
     """Four callers ask (half of them the same question) while the store is killed, then started again."""
     results: list[tuple[int, str]] = []
-    phase = {"done": False}
 
-    async def caller(client: httpx.AsyncClient, k: int) -> None:
-        i = k
-        while not phase["done"]:
-            text = QUESTION if i % 2 else f"Question number {i} about boiling water for tea?"
-            body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-            r = await client.post(urls[i % len(urls)] + "/v1/chat/completions", json=body,
-                                  headers={"Authorization": f"Bearer {ACME}"})  # fmt: skip
-            results.append((r.status_code, r.headers.get("x-tierlane-cache", "")))
-            i += 1
+    async def send(client: httpx.AsyncClient, i: int) -> None:
+        text = QUESTION if i % 2 else f"Question number {i} about boiling water for tea?"
+        body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+        r = await client.post(urls[i % len(urls)] + "/v1/chat/completions", json=body,
+                              headers={"Authorization": f"Bearer {ACME}"})  # fmt: skip
+        results.append((r.status_code, r.headers.get("x-tierlane-cache", "")))
 
-    async with httpx.AsyncClient(timeout=30) as client:
-        callers = [asyncio.create_task(caller(client, k)) for k in range(4)]
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(valkey.kill)
-        await asyncio.sleep(1.5)
-        await asyncio.to_thread(valkey.start)  # empty: no persistence
-        await asyncio.sleep(0.5)
-        phase["done"] = True
-        await asyncio.gather(*callers)
+    await through_an_outage(valkey, send, before_s=1.0, down_s=1.5)
     return results
 
 

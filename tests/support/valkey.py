@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import httpx
 
 
 def server_binary() -> Path:
@@ -67,3 +71,32 @@ class ValkeyServer:
 
     def stop(self) -> None:
         self.kill()
+
+
+async def through_an_outage(
+    server: ValkeyServer,
+    send: Callable[[httpx.AsyncClient, int], Awaitable[None]],
+    *,
+    callers: int = 4,
+    before_s: float = 0.5,
+    down_s: float = 1.0,
+) -> None:
+    """Caller k calls `send(client, i)` for i = k, k + 1, ... while the server is killed (after
+    `before_s`) and started again, empty (after `down_s`); they stop half a second later."""
+    done = False
+
+    async def caller(client: httpx.AsyncClient, k: int) -> None:
+        i = k
+        while not done:
+            await send(client, i)
+            i += 1
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        tasks = [asyncio.create_task(caller(client, k)) for k in range(callers)]
+        await asyncio.sleep(before_s)
+        await asyncio.to_thread(server.kill)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(server.start)  # empty: no persistence
+        await asyncio.sleep(0.5)
+        done = True
+        await asyncio.gather(*tasks)

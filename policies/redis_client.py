@@ -1,0 +1,23 @@
+"""The one way tierlane opens a Redis/Valkey client for shared state (budgets, cache, usage).
+
+Imported only with `state.backend: redis`, so the embedded default never loads redis-py.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+
+def redis_client(url: str, *, connect_timeout_s: float, read_timeout_s: float) -> aioredis.Redis:
+    """A client that connects lazily and reconnects on its own after the server comes back.
+
+    NOTE: no retry on timeout: the caller bounds every operation and fails open or closed by
+    its policy; a retry would double the wait a request can see.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=connect_timeout_s,
+        socket_timeout=read_timeout_s,
+        retry_on_timeout=False,
+        health_check_interval=30,
+    )
