@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.lanes import AUTO, RouteRequest
-from policies.domain import Outcome, Principal, RouteDecision, Usage
+from policies.domain import EdgeCheck, Outcome, Principal, RouteDecision, Usage
 
 if TYPE_CHECKING:
     from gateway.pipeline.runner import ModelCall
@@ -62,6 +62,7 @@ class RequestContext:
     attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes, nothing else
     response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
     model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends
+    edge_check: EdgeCheck | None = None  # the cascade's check of an edge answer (auto requests)
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.

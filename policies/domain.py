@@ -126,6 +126,23 @@ class RouteDecision:
     threshold: float | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class EdgeCheck:
+    """The confidence check of an edge answer to an `auto` request (the cascade).
+
+    `passed`: the edge answer was served (and may be cached); otherwise the request was
+    escalated upstream for `reason` ("low_confidence", "loop", ...), and the edge tokens spent on
+    it are a cost, not a saving.
+    """
+
+    confidence: float | None
+    threshold: float | None
+    passed: bool
+    reason: str = ""
+    edge_output_tokens: int = 0
+    edge_input_tokens: int = 0
+
+
 @dataclass(slots=True)
 class Outcome:
     """How a request ended; handed to the completion hooks (cache admission, metering)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from policies.domain import Principal, RouteDecision, Usage
+from policies.domain import EdgeCheck, Principal, RouteDecision, Usage
 
 
 class MeteredRequest(Protocol):
@@ -77,6 +77,9 @@ class MeteredRequest(Protocol):
 
     @property
     def attributes(self) -> dict[str, Any]: ...
+
+    @property
+    def edge_check(self) -> EdgeCheck | None: ...  # set when the cascade checked an edge answer
 
     @property
     def request(self) -> Any: ...  # the validated wire model: `output_limit`, `n`
