@@ -14,7 +14,7 @@ from gateway.middleware import build_middleware
 from gateway.pipeline import order
 from gateway.pipeline.resolve import ModelCatalog
 from gateway.pipeline.runner import Pipeline
-from gateway.routes import cache_admin, health, metrics, openai, shadow, usage
+from gateway.routes import cache_admin, dashboard, health, metrics, openai, shadow, usage
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
     shadow.add_routes(app)
     cache_admin.add_routes(app)
     metrics.add_routes(app)
+    dashboard.add_routes(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings.state_dir.mkdir(parents=True, exist_ok=True)

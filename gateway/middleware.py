@@ -24,12 +24,17 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Probes only: they tell nothing about tenants. /metrics is public only with telemetry.metrics_auth: none.
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 METRICS_PATH = "/metrics"
+# The dashboard's page holds no data (it reads /v1/dashboard with the key the operator types in),
+# so a browser that sends no key gets it; a key that is sent must be an admin's.
+KEY_OPTIONAL = frozenset({"/dashboard"})
 
 
 def needs_key(request: web.Request) -> bool:
     """Whether the request must carry an API key (everything but the probes and, if so set, /metrics)."""
     if request.path in UNAUTHENTICATED:
         return False
+    if request.path in KEY_OPTIONAL:
+        return bool(request.headers.get("Authorization") or request.headers.get("api-key"))
     if request.path == METRICS_PATH:
         settings = request.app.get(SETTINGS)
         return settings is None or settings.telemetry.metrics_auth != "none"

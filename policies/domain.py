@@ -130,14 +130,15 @@ class RouteDecision:
 class EdgeCheck:
     """The confidence check of an edge answer to an `auto` request (the cascade).
 
-    `passed`: the edge answer was served (and may be cached); otherwise the request was
-    escalated upstream for `reason` ("low_confidence", "loop", ...), and the edge tokens spent on
-    it are a cost, not a saving.
+    `passed`: the confidence reached the threshold (only such answers may be cached);
+    `escalated`: the edge answer was dropped and the request went upstream for `reason`
+    ("low_confidence", "loop", ...); the edge tokens spent on it are a cost, not a saving.
     """
 
     confidence: float | None
     threshold: float | None
     passed: bool
+    escalated: bool = False
     reason: str = ""
     edge_output_tokens: int = 0
     edge_input_tokens: int = 0

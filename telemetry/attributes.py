@@ -36,6 +36,13 @@ SAVED_CACHE = "tierlane.saved.cache_usd"
 SAVED_EDGE = "tierlane.saved.edge_usd"
 SAVED_TRIM = "tierlane.saved.trim_usd"
 USAGE_ESTIMATED = "tierlane.usage.estimated"
+# the confidence cascade's check of an edge answer (auto requests; pinned ones for cache admission)
+EDGE_CONFIDENCE = "tierlane.edge.confidence"
+EDGE_THRESHOLD = "tierlane.edge.threshold"
+EDGE_PASSED = "tierlane.edge.passed"
+EDGE_ESCALATED = "tierlane.edge.escalated"
+EDGE_ESCALATION_REASON = "tierlane.edge.escalation_reason"
+EDGE_ESCALATED_TOKENS = "tierlane.edge.escalated_tokens"
 STAGE = "tierlane.stage"
 
 # Operation names of the GenAI conventions, by the gateway's operation.

@@ -51,6 +51,13 @@ def _money(amount: float) -> float:
     return amount if amount > 0.0 else 0.0
 
 
+def _escalated_usage(ctx: MeteredRequest) -> Usage:
+    check = ctx.edge_check
+    if check is None or not check.escalated:
+        return Usage()
+    return Usage(input_tokens=max(0, check.edge_input_tokens), output_tokens=max(0, check.edge_output_tokens))
+
+
 def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     """Price `usage` on the lane that answered ctx and split the savings by reason.
 
@@ -63,10 +70,13 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     if ctx.lane == "upstream":
         model = ctx.target_model or ctx.model
         price = pricing.upstream(model)
+        # An answer the edge drafted and the cascade escalated: its tokens were spent for
+        # nothing the client got, so they are a cost of this request and a negative edge saving.
+        wasted = _money(pricing.edge.cost(_escalated_usage(ctx), cache_discount=False))
         return Bill(
-            cost=_money(price.cost(usage)),
+            cost=_money(price.cost(usage)) + wasted,
             saved_cache=0.0,
-            saved_edge=0.0,
+            saved_edge=-wasted,
             saved_trim=price.input_cost(trimmed),
             counterfactual_model=model,
             trimmed_tokens=trimmed,

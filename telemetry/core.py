@@ -10,11 +10,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from policies.budgets import Budgets, SpendRow
-from policies.domain import Outcome, Usage
+from policies.domain import EdgeCheck, Outcome, Usage
 from policies.errors import LimitExceeded
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
@@ -274,6 +275,7 @@ class Telemetry:
                 a.SAVED_EDGE: bill.saved_edge,
                 a.SAVED_TRIM: bill.saved_trim,
                 a.USAGE_ESTIMATED: usage.estimated,
+                **_edge_attributes(ctx.edge_check),
             },
         )
         return bill
@@ -288,6 +290,15 @@ class Telemetry:
         ttft: float | None,
         started: float,
     ) -> LedgerRow:
+        check = ctx.edge_check
+        escalated = check is not None and check.escalated
+        # the request's trace: the current span's (tracing on), else the caller's `traceparent`
+        span = trace.get_current_span().get_span_context()
+        trace_id: str | None = format(span.trace_id, "032x") if span.is_valid else None
+        if trace_id is None:
+            parts = str(ctx.headers.get("traceparent") or "").split("-")
+            if len(parts) >= 4 and len(parts[1]) == 32 and parts[1].strip("0123456789abcdef") == "" and parts[1].strip("0"):
+                trace_id = parts[1]
         return LedgerRow(
             request_id=ctx.request_id,
             ts=started,
@@ -314,6 +325,13 @@ class Telemetry:
             ttft_ms=None if ttft is None else ttft * 1000.0,
             cache_status=ctx.cache_status,
             route_score=ctx.route.score if ctx.route is not None else None,
+            route_reason=ctx.route.reason if ctx.route is not None else None,
+            confidence=check.confidence if check is not None else None,
+            escalated=escalated,
+            edge_tokens=check.edge_output_tokens + check.edge_input_tokens if check is not None else 0,
+            escalation_reason=(check.reason or "unknown") if check is not None and escalated else None,
+            cache_similarity=ctx.cache_similarity if ctx.cache_status == "hit" else None,
+            trace_id=trace_id,
         )
 
     def _measurement(
@@ -346,6 +364,7 @@ class Telemetry:
             ttft_s=ttft,
             cost=bill.cost,
             saved=bill.saved_by_reason(),
+            **_edge_fields(ctx.edge_check),
         )
 
     def _bounded_error(self, code: str) -> str:
@@ -394,6 +413,32 @@ class Telemetry:
 # Template tokens a chat format may add per message (role markers, separators), and once per
 # request: generous, because a reservation must not be smaller than what the request costs.
 RESERVE_PER_MESSAGE_TOKENS = 16
+
+
+def _edge_attributes(check: EdgeCheck | None) -> dict[str, Any]:
+    if check is None:
+        return {}
+    attrs: dict[str, Any] = {a.EDGE_PASSED: check.passed, a.EDGE_ESCALATED: check.escalated}
+    if check.confidence is not None:
+        attrs[a.EDGE_CONFIDENCE] = check.confidence
+    if check.threshold is not None:
+        attrs[a.EDGE_THRESHOLD] = check.threshold
+    if check.escalated:
+        attrs[a.EDGE_ESCALATION_REASON] = check.reason
+        attrs[a.EDGE_ESCALATED_TOKENS] = check.edge_input_tokens + check.edge_output_tokens
+    return attrs
+
+
+def _edge_fields(check: EdgeCheck | None) -> dict[str, Any]:
+    if check is None:
+        return {}
+    result = "escalated" if check.escalated else "served" if check.passed else "not_cacheable"
+    return {
+        "edge_result": result,
+        "edge_reason": check.reason if check.escalated else "",
+        "edge_confidence": check.confidence,
+        "edge_wasted_tokens": check.edge_input_tokens + check.edge_output_tokens if check.escalated else 0,
+    }
 
 
 def reservation_usd(price: TokenPrice, body: Mapping[str, Any], output_tokens: int) -> float:

@@ -9,17 +9,29 @@ Robustness: no row can stop the ledger. A group that fails to commit (whatever t
 retried row by row, so one bad row costs only itself; dropped rows are logged and counted in
 `failed` (exported on /metrics). Should the writer thread die all the same (a bug), the next
 `append`, `flush` or `close` notices, logs it loudly and starts a new writer.
+
+Rollups: in the same transaction as its rows, the writer adds them to pre-aggregated UTC-aligned
+buckets: per tenant and lane of 15 minutes, 1 hour and 1 day (`rollup_lane`), per tenant, app,
+model and lane of 1 hour and 1 day (`rollup`), and histograms per tenant of 1 hour and 1 day
+(`rollup_hist`: latency, TTFT, edge confidence, cache similarity, escalation and route reasons).
+`ledger_meta.rollup_through` is the highest row id they include: the rollups hold exactly the
+rows up to it, so a reader that finds it equal to `MAX(id)` can trust them (the dashboard reads
+them, telemetry/dashboard.py). Rows written before the rollups existed (or by an older version
+in between) are rolled up by the writer in chunks of CATCH_UP_ROWS, whenever it is idle and after
+each group it commits; until it has caught up, readers total the raw rows instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +81,14 @@ class LedgerRow:
     ttft_ms: float | None
     cache_status: str
     route_score: float | None
+    # Added with the dashboard; older files get them by ALTER TABLE (`_migrate`).
+    route_reason: str | None = None  # why the router chose the lane (RouteDecision.reason)
+    confidence: float | None = None  # the cascade's confidence in an edge answer (EdgeCheck)
+    escalated: bool = False  # the edge answer failed its check and the upstream answered instead
+    edge_tokens: int = 0  # edge tokens spent on the request (input + output of the checked answer)
+    escalation_reason: str | None = None  # EdgeCheck.reason of an escalated request
+    cache_similarity: float | None = None  # similarity of the cache entry that answered (hits)
+    trace_id: str | None = None  # 32 hex digits of the request's trace, when it has one
 
     @property
     def day(self) -> str:
@@ -105,12 +125,176 @@ CREATE TABLE IF NOT EXISTS requests (
     latency_ms REAL NOT NULL,
     ttft_ms REAL,
     cache_status TEXT NOT NULL,
-    route_score REAL
+    route_score REAL,
+    route_reason TEXT,
+    confidence REAL,
+    escalated INTEGER NOT NULL DEFAULT 0,
+    edge_tokens INTEGER NOT NULL DEFAULT 0,
+    escalation_reason TEXT,
+    cache_similarity REAL,
+    trace_id TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
 CREATE INDEX IF NOT EXISTS requests_request_id ON requests (request_id);
 """
+
+# Columns added after the first release, with their declarations: `_migrate` adds those an
+# existing file lacks (ALTER TABLE ... ADD COLUMN; the defaults fill the old rows).
+ADDED_COLUMNS: dict[str, str] = {
+    "route_reason": "TEXT",
+    "confidence": "REAL",
+    "escalated": "INTEGER NOT NULL DEFAULT 0",
+    "edge_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "escalation_reason": "TEXT",
+    "cache_similarity": "REAL",
+    "trace_id": "TEXT",
+}
+
+# Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to
+# UTC. Every time zone in use today is a whole number of quarters off UTC, so its local hours and
+# days are unions of quarter, hour and day buckets: the narrow table keeps quarters for the series
+# in such zones; the wide one (every key) keeps hours and days, its ragged ends read as raw rows.
+ROLLUP_TABLES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    "rollup_lane": (("tenant", "lane"), (86400, 3600, 900)),
+    "rollup": (("tenant", "app", "model", "lane"), (86400, 3600)),
+}
+HIST_LEVELS: tuple[int, ...] = (86400, 3600)
+# Bumped whenever the rollups change shape or meaning: a writer then rebuilds them from the rows.
+ROLLUP_VERSION = 1
+# Rollup column -> what one ledger row adds to it (an SQL expression over `requests`). A reader
+# that totals raw rows uses the same expressions, so rollups and raw rows always agree.
+ROLLUP_MEASURES: dict[str, str] = {
+    "requests": "1",
+    "errors": "status >= 400",
+    "rejected": "status = 429",
+    "input_tokens": "input_tokens",
+    "output_tokens": "output_tokens",
+    "cached_input_tokens": "cached_input_tokens",
+    "trimmed_tokens": "trimmed_tokens",
+    "estimated_requests": "estimated",
+    "cost": "cost",
+    "saved_cache": "saved_cache",
+    "saved_edge": "saved_edge",
+    "saved_trim": "saved_trim",
+    "cache_hits": "cache_status = 'hit'",
+    "cache_lookups": "cache_status IN ('hit', 'miss')",
+    "local": "lane IN ('cache', 'edge') AND status < 400",
+    "edge_requests": "lane = 'edge'",
+    "escalated": "escalated",
+    "edge_tokens": "edge_tokens",
+    "ok": "status < 400",
+    "latency_ms": "CASE WHEN status < 400 THEN latency_ms ELSE 0.0 END",
+    "ttft_n": "status < 400 AND ttft_ms IS NOT NULL",
+    "ttft_ms": "CASE WHEN status < 400 THEN COALESCE(ttft_ms, 0.0) ELSE 0.0 END",
+    "confidence_n": "confidence IS NOT NULL",
+    "confidence": "COALESCE(confidence, 0.0)",
+}
+REAL_MEASURES = frozenset({"cost", "saved_cache", "saved_edge", "saved_trim", "latency_ms", "ttft_ms", "confidence"})
+
+# Histograms: bins of 1/16 of a doubling for times (a bin's upper edge is 4.4% above its lower
+# one), twentieths for values in 0..1; reasons are kinds of their own with one bin (0).
+LOG_BINS_PER_DOUBLING = 16
+UNIT_BINS = 20
+REASON_MAX_CHARS = 64
+
+
+def log_bin(column: str) -> str:
+    """The SQL bin of a time in ms: bin b holds [2**(b/16), 2**((b+1)/16)); 0 and below go to 2**-10 ms."""
+    return f"CAST(floor({LOG_BINS_PER_DOUBLING} * log2(max({column}, 0.001))) AS INTEGER)"
+
+
+def unit_bin(column: str) -> str:
+    """The SQL bin of a value in 0..1: bin b holds [b/20, (b+1)/20) (1.0 in the last; clamped)."""
+    return f"CAST(min({UNIT_BINS - 1}, max(0, floor({column} * {UNIT_BINS}))) AS INTEGER)"
+
+
+# kind -> (bin expression, which rows count); over `requests`, like ROLLUP_MEASURES.
+ROLLUP_HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "latency_ms": (log_bin("latency_ms"), "status < 400"),
+    "ttft_ms": (log_bin("ttft_ms"), "status < 400 AND ttft_ms IS NOT NULL"),
+    "confidence_served": (unit_bin("confidence"), "confidence IS NOT NULL AND NOT escalated"),
+    "confidence_escalated": (unit_bin("confidence"), "confidence IS NOT NULL AND escalated"),
+    "cache_similarity": (unit_bin("cache_similarity"), "cache_similarity IS NOT NULL"),
+}
+# Reason counts, as histogram kinds `prefix + reason` with the single bin 0.
+REASON_KINDS: dict[str, tuple[str, str]] = {
+    "escalation:": (f"substr(COALESCE(escalation_reason, 'unknown'), 1, {REASON_MAX_CHARS})", "escalated"),
+    "route:": (f"substr(route_reason, 1, {REASON_MAX_CHARS})", "route_reason IS NOT NULL"),
+}
+
+
+def bucket_sql(ts: str, level: str) -> str:
+    """The start of the UTC-aligned bucket of length `level` holding `ts` (floor, exact at the edges)."""
+    q = f"CAST({ts} / {level} AS INTEGER) * {level}"
+    return f"({q} - CASE WHEN {q} > {ts} THEN {level} ELSE 0 END)"
+
+
+def hist_source_sql(where: str, join: str = "") -> str:
+    """(ts, tenant, kind, bin) of every histogram entry of the `requests` rows matching `where`
+    (`join`: tables joined before `requests`, e.g. "spans s CROSS JOIN ")."""
+    head = "SELECT requests.ts AS ts, requests.tenant AS tenant"
+    parts = [
+        f"{head}, '{kind}' AS kind, {expr} AS bin FROM {join}requests WHERE ({where}) AND {cond}"
+        for kind, (expr, cond) in ROLLUP_HISTOGRAMS.items()
+    ]
+    parts += [
+        f"{head}, '{prefix}' || {expr} AS kind, 0 AS bin FROM {join}requests WHERE ({where}) AND {cond}"
+        for prefix, (expr, cond) in REASON_KINDS.items()
+    ]
+    return " UNION ALL ".join(parts)
+
+
+def _rollup_table(name: str, keys: tuple[str, ...]) -> str:
+    measures = ", ".join(f"{m} {'REAL' if m in REAL_MEASURES else 'INTEGER'} NOT NULL DEFAULT 0" for m in ROLLUP_MEASURES)
+    key_columns = ", ".join(f"{k} TEXT NOT NULL" for k in keys)
+    return (f"CREATE TABLE IF NOT EXISTS {name} (level INTEGER NOT NULL, start INTEGER NOT NULL, {key_columns}, {measures}, "
+            f"PRIMARY KEY (level, start, {', '.join(keys)})) WITHOUT ROWID")  # fmt: skip
+
+
+_META_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO ledger_meta (key, value) VALUES ('rollup_through', 0);
+CREATE INDEX IF NOT EXISTS requests_errors ON requests (ts) WHERE status >= 400;
+"""
+_ROLLUP_TABLES_SQL = (
+    *(_rollup_table(name, keys) for name, (keys, _) in ROLLUP_TABLES.items()),
+    "CREATE TABLE IF NOT EXISTS rollup_hist (level INTEGER NOT NULL, start INTEGER NOT NULL, tenant TEXT NOT NULL, "
+    "kind TEXT NOT NULL, bin INTEGER NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (level, start, tenant, kind, bin)) WITHOUT ROWID",
+)
+ROLLUP_TABLE_NAMES = (*ROLLUP_TABLES, "rollup_hist")
+
+
+def _levels_cte(levels: tuple[int, ...]) -> str:
+    return "levels(level) AS (VALUES " + ", ".join(f"({level})" for level in levels) + ")"
+
+
+def _roll_sql(name: str, keys: tuple[str, ...], levels: tuple[int, ...]) -> str:
+    return f"""
+WITH {_levels_cte(levels)}
+INSERT INTO {name} (level, start, {", ".join(keys)}, {", ".join(ROLLUP_MEASURES)})
+SELECT levels.level, {bucket_sql("requests.ts", "levels.level")}, {", ".join(keys)},
+       {", ".join(f"SUM({expr})" for expr in ROLLUP_MEASURES.values())}
+FROM requests CROSS JOIN levels
+WHERE requests.id > :lo AND requests.id <= :hi
+GROUP BY {", ".join(str(i) for i in range(1, len(keys) + 3))}
+ON CONFLICT (level, start, {", ".join(keys)}) DO UPDATE SET
+    {", ".join(f"{m} = {m} + excluded.{m}" for m in ROLLUP_MEASURES)}
+"""
+
+
+_ROLLS = tuple(_roll_sql(name, keys, levels) for name, (keys, levels) in ROLLUP_TABLES.items())
+_ROLL_HIST = f"""
+WITH {_levels_cte(HIST_LEVELS)}, src AS ({hist_source_sql("requests.id > :lo AND requests.id <= :hi")})
+INSERT INTO rollup_hist (level, start, tenant, kind, bin, n)
+SELECT levels.level, {bucket_sql("src.ts", "levels.level")}, src.tenant, src.kind, src.bin, COUNT(*)
+FROM src CROSS JOIN levels
+WHERE true
+GROUP BY 1, 2, 3, 4, 5
+ON CONFLICT (level, start, tenant, kind, bin) DO UPDATE SET n = n + excluded.n
+"""
+# Rows rolled up per transaction when a writer catches up an existing ledger.
+CATCH_UP_ROWS = 50_000
 
 _INSERT = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -147,6 +331,8 @@ class Ledger:
         self._lock = threading.Lock()
         self._closing = False
         self._next_restart = 0.0
+        # The rollups' watermark as the writer knows it (writer thread only); None: not kept up.
+        self._rolled: int | None = None
 
     def start(self) -> None:
         """Create the file and schema and start the writer; blocks until it is ready."""
@@ -231,6 +417,22 @@ class Ledger:
         finally:
             conn.close()
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection | None]:
+        """A read-only connection in one read transaction (every query sees the same rows); None
+        when there is no ledger file yet. Blocking: use it on a worker thread."""
+        if not self.path.exists():
+            yield None
+            return
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            prepare(conn)
+            conn.execute("BEGIN")
+            yield conn
+        finally:
+            conn.close()
+
     def _spawn(self, ready: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self._run, args=(ready,), name="tierlane-ledger", daemon=True)
         thread.start()
@@ -260,7 +462,10 @@ class Ledger:
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            prepare(conn)
             conn.executescript(_SCHEMA)
+            _migrate(conn)
+            self._rolled = _start_rollups(conn)
         except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
             self._error = exc
             log.error("cannot open the ledger at %s: %s", self.path, exc)
@@ -278,7 +483,15 @@ class Ledger:
 
     def _loop(self, conn: sqlite3.Connection) -> None:
         while True:
-            first = self._queue.get()
+            if self._lagging(conn):
+                # rows older than the rollups: catch up a chunk whenever nothing waits
+                try:
+                    first = self._queue.get_nowait()
+                except queue.Empty:
+                    self._catch_up(conn)
+                    continue
+            else:
+                first = self._queue.get()
             # NOTE: the writer sleeps out the commit window instead of waking for every row:
             # a per-row wake-up makes each append a GIL hand-off that the event loop pays for.
             # flush() and close() cut the wait short through `_urgent`.
@@ -312,6 +525,31 @@ class Ledger:
                     done.set()
             if stop:
                 return
+            if self._lagging(conn):
+                self._catch_up(conn)
+
+    def _lagging(self, conn: sqlite3.Connection) -> bool:
+        return self._rolled is not None and self._rolled < _max_id(conn)
+
+    def _catch_up(self, conn: sqlite3.Connection) -> None:
+        """Add the next CATCH_UP_ROWS rows past the rollups' watermark to them (one transaction)."""
+        through = self._rolled
+        if through is None:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            upto = min(_max_id(conn), through + CATCH_UP_ROWS)
+            _roll(conn, through, upto)
+            conn.execute("COMMIT")
+        except Exception:
+            # NOTE: the rollups stay behind (readers then total raw rows): correct, only slower.
+            log.exception("ledger rollups cannot catch up; the dashboard reads raw rows until a restart")
+            _rollback(conn)
+            self._rolled = None
+            return
+        self._rolled = upto
+        if upto == _max_id(conn):
+            log.info("ledger rollups caught up (%d rows)", upto)
 
     def _drain_all(self) -> list[LedgerRow | _Flush | _Stop]:
         items: list[LedgerRow | _Flush | _Stop] = []
@@ -327,10 +565,7 @@ class Ledger:
             return
         try:
             # NOTE: inside the try: building a row's values can fail too (`day` of a NaN ts).
-            values = [_values(row) for row in batch]
-            conn.execute("BEGIN")
-            conn.executemany(_INSERT, values)
-            conn.execute("COMMIT")
+            self._commit(conn, batch)
             self.written += len(batch)
             return
         except Exception:
@@ -341,7 +576,7 @@ class Ledger:
         dropped: list[str] = []
         for row in batch:
             try:
-                conn.execute(_INSERT, _values(row))  # autocommit: a transaction of its own
+                self._commit(conn, [row])  # a transaction of its own
             except Exception:
                 if not dropped:
                     log.exception("ledger row %r cannot be written", row.request_id)
@@ -357,6 +592,74 @@ class Ledger:
                 len(batch),
                 ", ".join(dropped[:LOGGED_IDS]) + (", ..." if len(dropped) > LOGGED_IDS else ""),
             )
+
+    def _commit(self, conn: sqlite3.Connection, rows: list[LedgerRow]) -> None:
+        """Insert rows and, when the rollups are current, add them there, in one transaction."""
+        values = [_values(row) for row in rows]
+        conn.execute("BEGIN IMMEDIATE")
+        last = _max_id(conn)
+        conn.executemany(_INSERT, values)
+        rolled = self._rolled
+        if rolled is not None and rolled == last:
+            rolled = _max_id(conn)
+            _roll(conn, last, rolled)
+        conn.execute("COMMIT")
+        self._rolled = rolled
+
+
+def prepare(conn: sqlite3.Connection) -> None:
+    """SQL math functions for a SQLite built without them (the histogram bins use log2 and floor)."""
+    try:
+        conn.execute("SELECT log2(2.0), floor(1.5)").fetchone()
+    except sqlite3.OperationalError:
+        conn.create_function("log2", 1, lambda x: None if x is None else math.log2(x), deterministic=True)
+        conn.create_function("floor", 1, lambda x: None if x is None else math.floor(x), deterministic=True)
+
+
+def _max_id(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM requests").fetchone()[0])
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add the columns an older ledger file lacks (ADDED_COLUMNS)."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    for name, declaration in ADDED_COLUMNS.items():
+        if name not in present:
+            conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {declaration}")
+            log.info("ledger: added column %s to %s", name, "requests")
+
+
+def _start_rollups(conn: sqlite3.Connection) -> int:
+    """Create the rollups (rebuilt from nothing when their version changed or they include rows that
+    are gone) and return their watermark."""
+    conn.executescript(_META_SCHEMA)
+    version = conn.execute("SELECT value FROM ledger_meta WHERE key = 'rollup_version'").fetchone()
+    through = int(conn.execute("SELECT value FROM ledger_meta WHERE key = 'rollup_through'").fetchone()[0])
+    last = _max_id(conn)
+    if version is None or int(version[0]) != ROLLUP_VERSION or through > last:
+        if version is not None:
+            log.warning("ledger rollups are outdated or include rows that are gone: rebuilding them")
+        conn.execute("BEGIN IMMEDIATE")
+        for name in ROLLUP_TABLE_NAMES:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+        for create in _ROLLUP_TABLES_SQL:
+            conn.execute(create)
+        conn.execute("INSERT OR REPLACE INTO ledger_meta (key, value) VALUES ('rollup_version', ?)", (ROLLUP_VERSION,))
+        conn.execute("UPDATE ledger_meta SET value = 0 WHERE key = 'rollup_through'")
+        conn.execute("COMMIT")
+        through = 0
+    if through < last:
+        log.info("ledger rollups are %d rows behind; catching up in the background", last - through)
+    return through
+
+
+def _roll(conn: sqlite3.Connection, lo: int, hi: int) -> None:
+    """Add the rows with ids in (lo, hi] to the rollups and move the watermark to hi (inside a transaction)."""
+    if hi > lo:
+        for sql in _ROLLS:
+            conn.execute(sql, {"lo": lo, "hi": hi})
+        conn.execute(_ROLL_HIST, {"lo": lo, "hi": hi})
+    conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'rollup_through'", (hi,))
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

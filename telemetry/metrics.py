@@ -12,6 +12,7 @@ from telemetry import attributes as a
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+CONFIDENCE_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -37,6 +38,11 @@ class Measurement:
     ttft_s: float | None
     cost: float
     saved: dict[str, float] = field(default_factory=dict)
+    # the cascade's check of an edge answer: served | escalated | not_cacheable (pinned, below threshold)
+    edge_result: str | None = None
+    edge_reason: str = ""  # why it was escalated: low_confidence | loop
+    edge_confidence: float | None = None
+    edge_wasted_tokens: int = 0  # edge tokens of escalated answers: spent, not served
 
 
 class OtelMetrics:

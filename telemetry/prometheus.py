@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from telemetry.attributes import SAVING_REASONS
-from telemetry.metrics import DURATION_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS, Measurement
+from telemetry.metrics import CONFIDENCE_BUCKETS, DURATION_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS, Measurement
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -103,6 +103,25 @@ class PromMetrics:
             [*who, "reason"],
             registry=self.registry,
         )
+        self._edge_checks = Counter(
+            "tierlane_edge_checks",
+            "Edge answers checked by the confidence cascade, by result (served, escalated, not_cacheable) and reason",
+            ["tenant", "app", "result", "reason"],
+            registry=self.registry,
+        )
+        self._edge_confidence = Histogram(
+            "tierlane_edge_confidence",
+            "Calibrated confidence that an edge answer is right, as the cascade scored it",
+            ["tenant", "app"],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=self.registry,
+        )
+        self._edge_wasted = Counter(
+            "tierlane_edge_escalated_tokens",
+            "Edge tokens (prompt and output) spent on answers the cascade escalated upstream",
+            ["tenant", "app"],
+            registry=self.registry,
+        )
         self._rejections = Counter(
             "tierlane_budget_rejections",
             "Requests refused by a rate limit or budget",
@@ -170,6 +189,15 @@ class PromMetrics:
         for reason, amount in m.saved.items():
             if amount > 0:
                 saved[reason].inc(amount)
+        if m.edge_result is not None:
+            self._edge(m)
+
+    def _edge(self, m: Measurement) -> None:
+        self._edge_checks.labels(m.tenant, m.app, m.edge_result, m.edge_reason).inc()
+        if m.edge_confidence is not None:
+            self._edge_confidence.labels(m.tenant, m.app).observe(m.edge_confidence)
+        if m.edge_wasted_tokens:
+            self._edge_wasted.labels(m.tenant, m.app).inc(m.edge_wasted_tokens)
 
     def _children(self, m: Measurement) -> tuple[Any, ...]:
         """The labelled series one label combination writes to; looked up once, then reused."""
