@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine, Generation
-    from edge_engine.events import GenerationEvent
+    from edge_engine.events import GenerationEvent, TokenInfo
     from edge_engine.sampling import Priority, SamplingParams
     from edge_engine.settings import EdgeSettings, bundled_model_path
 
@@ -17,6 +17,7 @@ _EXPORTS = {
     "EdgeEngine": "edge_engine.engine",
     "Generation": "edge_engine.engine",
     "GenerationEvent": "edge_engine.events",
+    "TokenInfo": "edge_engine.events",
     "Priority": "edge_engine.sampling",
     "SamplingParams": "edge_engine.sampling",
     "EdgeSettings": "edge_engine.settings",
@@ -30,6 +31,7 @@ __all__ = [
     "GenerationEvent",
     "Priority",
     "SamplingParams",
+    "TokenInfo",
     "bundled_model_path",
 ]
 

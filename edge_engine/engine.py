@@ -19,7 +19,7 @@ from edge_engine.chat_template import ChatTemplate
 from edge_engine.errors import ContextTooLong, EngineBusy, InvalidInput
 from edge_engine.events import GenerationEvent, Sequence
 from edge_engine.llama_model import LlamaModel
-from edge_engine.sampling import Priority, SamplingParams
+from edge_engine.sampling import MAX_TOP_LOGPROBS, Priority, SamplingParams, check_grammar
 from edge_engine.scheduler import Scheduler
 from edge_engine.settings import EdgeSettings
 from edge_engine.stats import EngineStats
@@ -218,6 +218,13 @@ class EdgeEngine:
         wanted = params.max_tokens if params.max_tokens is not None else self.settings.default_max_tokens
         if wanted < 1:
             raise InvalidInput("max_tokens must be at least 1", param="max_tokens")
+        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+        if params.low_confidence_run < 0:
+            raise InvalidInput("low_confidence_run must be 0 (off) or more", param="low_confidence_run")
+        if params.grammar:
+            # NOTE: here rather than on the scheduler thread, so a bad grammar is a 400 before any stream starts
+            await asyncio.to_thread(check_grammar, self._loaded().vocab, params.grammar)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
 

@@ -6,8 +6,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_engine.sampling import Priority, SamplingParams
-from edge_engine.text import StopMatcher
+from edge_engine.degeneration import LoopDetector, LowConfidenceRun
+from edge_engine.sampling import Priority, Sampler, SamplingParams
+from edge_engine.text import TokenText
+
+
+@dataclass(slots=True, frozen=True)
+class TokenInfo:
+    """How sure the model was of one sampled token, from its raw logits (before penalties,
+    temperature or grammar): log-probability of the token, entropy of the distribution (nats),
+    and the `top_logprobs` most likely tokens with theirs when the request asked for them."""
+
+    token: int
+    piece: bytes
+    logprob: float
+    entropy: float
+    top: tuple[tuple[bytes, float], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -16,9 +30,14 @@ class GenerationEvent:
 
     text: str
     completion_tokens: int  # tokens sampled so far
-    finish_reason: str | None = None  # "stop" | "length" on the last event
+    # on the last event: "stop" | "length" | "loop" (the output repeated itself; the repeats
+    # still held back are dropped) | "low_confidence" (SamplingParams.low_confidence_run)
+    finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix
+    # the tokens whose text this event releases (none for a matched stop string, an
+    # end-of-generation token or dropped repeats), in order
+    tokens: tuple[TokenInfo, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -52,11 +71,13 @@ class Sequence:
     cached: int = 0  # of those, copied from a prefix instead of computed
     reserved: int = 0  # KV cells this sequence may still need, counted at admission
     prefix: PrefixEntry | None = None
-    sampler: Any = None
+    sampler: Sampler | None = None
     generated: int = 0
     last_token: int | None = None
     tokens: list[int] = field(default_factory=list)  # prompt + fed generated tokens, by position
-    stop: StopMatcher | None = None
+    text: TokenText[TokenInfo] | None = None  # stop strings, and text released with its tokens
+    loops: LoopDetector | None = None  # None: stop_on_loop off
+    low_confidence: LowConfidenceRun | None = None
     first_token_at: float | None = None
     # speculative decoding (scheduler.py): whether this sequence may draft, its recent record
     # (draft tokens kept, drafts cut short; both decay) per kind of match, decode steps to wait,

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from edge_engine.sampling import Sampler
 
 _GGML_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
@@ -174,9 +178,18 @@ class LlamaContext:
         b.n_tokens = len(entries)
         return int(llama_cpp.llama_decode(self.ptr, b))
 
-    def sample(self, sampler: llama_cpp.llama_sampler_p, index: int) -> int:
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
+        """The logits of batch row `index`, read in place: valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp has no logits for batch row {index}")
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        assert address is not None
+        return np.frombuffer((ctypes.c_float * self.model.n_vocab).from_address(address), dtype=np.float32)
+
+    def sample(self, sampler: Sampler, index: int) -> int:
         """Samples from the logits of batch row `index` (also records the token in the sampler)."""
-        return int(llama_cpp.llama_sampler_sample(sampler, self.ptr, index))
+        return sampler.sample(self.ptr, index, self.logits)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)

@@ -11,6 +11,10 @@ prompts kept for reuse live in the prefix cache of prefix_cache.py.
 Greedy sequences may speculate (prompt lookup): the tokens that followed the sequence's last
 n-gram earlier in its own prompt or output are decoded as a draft in the same step, and the
 longest prefix the model agrees with is kept; see `lookup_draft` and `Scheduler._drafts`.
+
+Each sampled token's confidence is read from the logits row it was sampled from (confidence.py)
+and goes out with the event that releases its text (text.py); a sequence whose output loops,
+or (when asked) stays unsure for a run of tokens, ends early (degeneration.py).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 
-import llama_cpp
-
-from edge_engine.errors import EngineBusy, EngineFailure
-from edge_engine.events import GenerationEvent, PrefixEntry, Sequence
+from edge_engine.confidence import token_info
+from edge_engine.degeneration import LoopDetector, LowConfidenceRun
+from edge_engine.errors import EngineBusy, EngineFailure, InvalidInput
+from edge_engine.events import GenerationEvent, PrefixEntry, Sequence, TokenInfo
 from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
 from edge_engine.prefix_cache import PrefixCache
 from edge_engine.sampling import build_sampler
@@ -33,7 +37,7 @@ from edge_engine.settings import EdgeSettings
 from edge_engine.speculative import DraftCost, lookup_draft, match_kind, match_prior
 from edge_engine.stats import EngineStats
 from edge_engine.step_cost import StepCost
-from edge_engine.text import StopMatcher
+from edge_engine.text import TokenText
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +298,12 @@ class Scheduler:
             self._reserved += need
             self._active.append(seq)
             try:
-                seq.sampler = build_sampler(seq.params, self.settings.seed, self.model.n_vocab)
-                seq.stop = StopMatcher(list(seq.params.stop))
                 p = seq.params
+                seq.sampler = build_sampler(p, self.settings.seed, self.model.n_vocab, self.model.vocab)
+                seq.text = TokenText(list(p.stop))
+                seq.loops = LoopDetector() if p.stop_on_loop else None
+                if p.low_confidence_run > 0:
+                    seq.low_confidence = LowConfidenceRun(p.low_confidence_run, p.low_confidence_logprob)
                 # NOTE: drafts are checked against the greedy token only, and sampling a draft
                 # row through a chain with penalties would record tokens that may be rejected:
                 # sequences with penalties or temperature > 0 never speculate.
@@ -307,6 +314,10 @@ class Scheduler:
                     and not p.presence_penalty
                     and not p.frequency_penalty
                 )
+            except InvalidInput as exc:  # a grammar llama.cpp cannot parse (normally caught at submit)
+                seq.deliver(exc)
+                self._release(seq, keep_prefix=False)
+                continue
             except Exception as exc:
                 log.exception("could not set up sampling for an edge request")
                 seq.deliver(EngineFailure(f"the edge engine could not set up sampling for this request: {exc}"))
@@ -396,12 +407,18 @@ class Scheduler:
         self._last_step_decoded = n_decode > 0
         self._advance(entries)
         now = time.perf_counter()
-        verified: list[tuple[Sequence, list[int]]] = []
+        verified: list[tuple[Sequence, list[int], list[TokenInfo]]] = []
         for seq, index, draft in rows:
             # the model's own token after each kept one, up to the first that differs from the draft
+            assert seq.sampler is not None
             tokens = [self.ctx.sample(seq.sampler, index)]
             while len(tokens) <= len(draft) and tokens[-1] == draft[len(tokens) - 1]:
                 tokens.append(self.ctx.sample(seq.sampler, index + len(tokens)))
+            # each token's confidence from its own row (sampling leaves the logits as they were)
+            k = seq.params.top_logprobs
+            infos = [
+                token_info(self.ctx.logits(index + i), t, self.model.piece, k) for i, t in enumerate(tokens)
+            ]
             if draft:
                 rejected = len(draft) - (len(tokens) - 1)
                 if rejected:
@@ -410,13 +427,13 @@ class Scheduler:
                     self.ctx.seq_rm(seq.seq_id, seq.n_past, -1)
                     n_decode -= rejected
                 self._judge(seq, len(draft), len(tokens) - 1)
-            verified.append((seq, tokens))
+            verified.append((seq, tokens, infos))
         self.stats.record_step(n_prompt, n_decode)
-        for seq, tokens in verified:
-            for token in tokens:
+        for seq, tokens, infos in verified:
+            for token, info in zip(tokens, infos):
                 # NOTE: token by token, as without drafts: a stop string, an end-of-generation
-                # token or max_tokens ends the sequence at the same token, even mid-draft.
-                self._on_token(seq, token, now)
+                # token, a loop or max_tokens ends the sequence at the same token, even mid-draft.
+                self._on_token(seq, token, info, now)
                 if seq not in self._active:
                     break  # it finished
 
@@ -487,36 +504,55 @@ class Scheduler:
         victim.deliver(EngineBusy(f"the edge engine could not decode (llama_decode={rc}); retry later", retry_after=2))
         self._release(victim, keep_prefix=False)
 
-    def _on_token(self, seq: Sequence, token: int, now: float) -> None:
-        assert self.model is not None and seq.stop is not None
+    def _on_token(self, seq: Sequence, token: int, info: TokenInfo, now: float) -> None:
+        assert self.model is not None and seq.text is not None
         if seq.first_token_at is None:
             seq.first_token_at = now
             self.stats.record_ttft(now - seq.enqueued_at)
         seq.generated += 1
         if self.model.is_eog(token):
-            self._finish(seq, seq.stop.flush(), "stop")
+            self._finish(seq, *seq.text.finish(), "stop")
             return
-        text, hit = seq.stop.feed(self.model.piece(token))
+        period = seq.loops.push(token) if seq.loops is not None else 0
+        # NOTE: the text of a repeat in progress is held back, so that if it proves a loop its
+        # repeats are dropped instead of streamed; a repeat that breaks off goes out with the
+        # token that breaks it (one repeated sentence: its length late, a few tokens at most).
+        hold = seq.loops.repeating if seq.loops is not None else 0
+        text, infos, hit = seq.text.push(info.piece, info, hold)
         if hit:
-            self._finish(seq, text, "stop")
+            self._finish(seq, text, infos, "stop")
+        elif period:
+            assert seq.loops is not None
+            self.stats.loop_stops_total += 1
+            rest, more = seq.text.finish(drop=seq.loops.repeats(period))
+            self._finish(seq, text + rest, infos + more, "loop")
+        elif seq.low_confidence is not None and seq.low_confidence.push(info.logprob):
+            self.stats.low_confidence_stops_total += 1
+            rest, more = seq.text.finish()
+            self._finish(seq, text + rest, infos + more, "low_confidence")
         elif seq.generated >= seq.max_new:
-            self._finish(seq, text + seq.stop.flush(), "length")
+            rest, more = seq.text.finish()
+            self._finish(seq, text + rest, infos + more, "length")
         else:
             seq.last_token = token
-            seq.deliver(GenerationEvent(text=text, completion_tokens=seq.generated))
+            seq.deliver(GenerationEvent(text=text, completion_tokens=seq.generated, tokens=tuple(infos)))
 
-    def _finish(self, seq: Sequence, text: str, reason: str) -> None:
-        seq.deliver(
-            GenerationEvent(
-                text=text,
-                completion_tokens=seq.generated,
-                finish_reason=reason,
-                prompt_tokens=len(seq.prompt),
-                cached_tokens=seq.cached,
-            )
+    def _finish(self, seq: Sequence, text: str, infos: list[TokenInfo], reason: str) -> None:
+        event = GenerationEvent(
+            text=text,
+            completion_tokens=seq.generated,
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt),
+            cached_tokens=seq.cached,
+            tokens=tuple(infos),
         )
         self._service_s = 0.9 * self._service_s + 0.1 * (time.perf_counter() - seq.enqueued_at)
-        self._release(seq, keep_prefix=True)
+        try:
+            # NOTE: freed before the caller hears of the end, so the engine's stats read on the
+            # last event no longer count the sequence (slot, KV cells)
+            self._release(seq, keep_prefix=True)
+        finally:
+            seq.deliver(event)
 
     def _release(self, seq: Sequence, keep_prefix: bool) -> None:
         assert self.ctx is not None and self._prefixes is not None
@@ -530,7 +566,7 @@ class Scheduler:
         if seq.prefix is not None:
             self._prefixes.give_back(seq.prefix)
         if seq.sampler is not None:
-            llama_cpp.llama_sampler_free(seq.sampler)
+            seq.sampler.close()
             seq.sampler = None
 
     def _shutdown(self) -> None:

@@ -29,6 +29,8 @@ class EngineStats:
     spec_accepted_total: int = 0  # of those, kept (equal to the model's own greedy token)
     spec_steps_total: int = 0  # drafts verified (one per sequence per step that drafted)
     spec_skipped_steps_total: int = 0  # decode steps with drafts possible that had too many sequences
+    loop_stops_total: int = 0  # sequences ended because their output repeated itself (finish_reason "loop")
+    low_confidence_stops_total: int = 0  # ended on a run of low-confidence tokens ("low_confidence")
 
     def record_step(self, n_prefill: int, n_decode: int) -> None:
         with self._lock:
@@ -63,6 +65,8 @@ class EngineStats:
                 "spec_accepted_tokens_total": self.spec_accepted_total,
                 "spec_drafts_total": self.spec_steps_total,
                 "spec_skipped_steps_total": self.spec_skipped_steps_total,
+                "loop_stops_total": self.loop_stops_total,
+                "low_confidence_stops_total": self.low_confidence_stops_total,
             }
             drafted = self.spec_drafted_total
             acceptance = self.spec_accepted_total / drafted if drafted else None
