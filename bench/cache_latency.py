@@ -1,8 +1,13 @@
-"""Cache lookup latency: miss path (embed + search + verify) at concurrency 1 and 32, and hits.
+"""Cache lookup latency: miss path (embed + search + verify) at concurrency 1 and 32, hits, and verification.
 
 The lookup is measured through the real Embedder and SemanticCache (SQLite + faiss); the
 end-to-end hits go through a real gateway process (cache on, router and edge off) in front
 of the fixed-answer upstream, measured by a client over loopback.
+Verification (`verify_per_lookup`): paraphrased queries whose candidates all pass the cosine
+threshold, so every candidate (up to `cache.candidates`) is verified; the time of the
+service's verification loop (query features once, then rule checks and the learned verifier
+per candidate) with the shipped verifier and with `verify.verifier: off` (rules only); the
+difference is what the learned verifier adds to a lookup. The same through `cache.lookup`.
 Writes bench/results/cache_latency.json. Run: .venv/bin/python bench/cache_latency.py
 """
 
@@ -16,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -24,8 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._harness import free_port, gateway_cmd, start, stop, summary_ms  # noqa: E402
+from policies.cache.config import CacheConfig  # noqa: E402
+from policies.cache.matcher import decide  # noqa: E402
 from policies.cache.scope import build_key, normalise  # noqa: E402
 from policies.cache.service import SemanticCache  # noqa: E402
+from policies.cache.verifier import PairText  # noqa: E402
 from policies.embedder import Embedder  # noqa: E402
 from policies.policy import Policy  # noqa: E402
 
@@ -96,12 +105,60 @@ async def run(entries: int, requests: int) -> dict[str, object]:
             assert hit
             latencies.append(ms)
         results["hit_embed_and_lookup_c1"] = {"n": len(latencies), "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99)}
+        results.update(await verification(cache, embedder, config, key, requests))
         results["embed_backend"] = embedder.backend_name
         results["embed_batches"] = embedder.batches
         results["embed_texts"] = embedder.texts
         await cache.close()
         await embedder.close()
     return results
+
+
+async def verification(cache: SemanticCache, embedder: Embedder, config: CacheConfig, key: Any, requests: int) -> dict[str, object]:
+    """Verification time per lookup, learned verifier on and off, on paraphrases that reach it."""
+    rules_only = CacheConfig.from_section({**cache.policy.resolve("cache"), "verify": {"verifier": "off"}})
+    texts = [paraphrase(i) for i in range(requests)]
+    vectors = [await embedder.embed(normalise(t)) for t in texts]
+    index, store = cache._index, cache._store  # the service's own; the loop below is its _lookup's
+    assert index is not None and store is not None
+    loop_ms: dict[str, list[float]] = {"learned": [], "rules_only": []}
+    candidates, served = [], 0
+    for text, vector in tqdm(list(zip(texts, vectors)), desc="verify per lookup"):
+        k = key(text)
+        neighbours = [n for n in index.search(k.scope, vector, config.candidates) if n.similarity >= config.threshold]
+        entries = store.get_many(n.id for n in neighbours)
+        candidates.append(len(neighbours))
+        for name, cfg in (("learned", config), ("rules_only", rules_only)):
+            started = time.perf_counter()
+            query = PairText(k.text, cfg.verify)
+            for n in neighbours:
+                d = decide(n.similarity, query, entries[n.id].text, threshold=cfg.threshold, checks=cfg.verify,
+                           query_vector=vector, candidate_vector=n.vector)
+                if d.hit:
+                    served += name == "learned"
+                    break
+            loop_ms[name].append((time.perf_counter() - started) * 1000.0)
+    lookup_ms: dict[str, list[float]] = {"learned": [], "rules_only": []}
+    for _ in range(2):  # interleaved, so load changes on the machine hit both alike
+        for text, vector in tqdm(list(zip(texts, vectors)), desc="lookup on/off"):
+            for name, cfg in (("learned", config), ("rules_only", rules_only)):
+                started = time.perf_counter()
+                await cache.lookup(key(text), vector, cfg, exact=False)
+                lookup_ms[name].append((time.perf_counter() - started) * 1000.0)
+    added = [a - b for a, b in zip(loop_ms["learned"], loop_ms["rules_only"])]
+    return {
+        "verify_per_lookup": {
+            "n": len(texts), "candidates_mean": round(float(np.mean(candidates)), 2),
+            "served_rate_learned": round(served / len(texts), 3),
+            "learned_p50_ms": pct(loop_ms["learned"], 50), "learned_p99_ms": pct(loop_ms["learned"], 99),
+            "rules_only_p50_ms": pct(loop_ms["rules_only"], 50), "rules_only_p99_ms": pct(loop_ms["rules_only"], 99),
+            "added_by_learned_p50_ms": pct(added, 50), "added_by_learned_p99_ms": pct(added, 99),
+        },
+        "lookup_semantic_c1": {
+            "learned_p50_ms": pct(lookup_ms["learned"], 50), "learned_p99_ms": pct(lookup_ms["learned"], 99),
+            "rules_only_p50_ms": pct(lookup_ms["rules_only"], 50), "rules_only_p99_ms": pct(lookup_ms["rules_only"], 99),
+        },
+    }  # fmt: skip
 
 
 def paraphrase(i: int) -> str:
@@ -165,7 +222,8 @@ def main() -> int:
     results = asyncio.run(run(args.entries, args.requests))
     results.update(asyncio.run(end_to_end(min(args.requests, 200))))
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    results.update({"benchmark": "cache_latency", "targets": {"miss_c1_p50_ms": 5.0, "hit_e2e_p50_ms": 10.0},
+    results.update({"benchmark": "cache_latency",
+                    "targets": {"miss_c1_p50_ms": 5.0, "hit_e2e_p50_ms": 10.0, "verify_added_by_learned_p50_ms": 0.5},
                     "load_average": load})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -55,7 +55,12 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64) -> int:
-    """Read {"a", "b"} JSON lines, write {"hit", "similarity", "reason"} lines; returns the error count."""
+    """Read {"a", "b"} JSON lines, write {"hit", "similarity", "probability", "reason"} lines; returns the error count.
+
+    The gateway's own path: both texts normalised as a request's last turn is, embedded with the
+    default backend, then `decide` with both vectors (threshold, rule vetoes, learned verifier).
+    """
+    from policies.cache.scope import normalise
     from policies.embedder import load_encoder
 
     encoder = load_encoder()  # the backend the gateway runs by default
@@ -65,11 +70,14 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
     def flush() -> None:
         if not pending:
             return
-        va = encoder.encode([a for a, _ in pending])
-        vb = encoder.encode([b for _, b in pending])
-        for (a, b), x, y in zip(pending, va, vb):
-            d = decide(float(x @ y), a, b, threshold=config.threshold, checks=config.verify)
-            out.write(json.dumps({"hit": d.hit, "similarity": round(d.similarity, 4), "reason": d.reason}) + "\n")
+        texts = [(normalise(a), normalise(b)) for a, b in pending]
+        va = encoder.encode([a for a, _ in texts])
+        vb = encoder.encode([b for _, b in texts])
+        for (a, b), x, y in zip(texts, va, vb):
+            d = decide(float(x @ y), a, b, threshold=config.threshold, checks=config.verify, query_vector=x, candidate_vector=y)
+            probability = None if d.probability is None else round(d.probability, 4)
+            out.write(json.dumps({"hit": d.hit, "similarity": round(d.similarity, 4), "probability": probability,
+                                  "reason": d.reason}) + "\n")  # fmt: skip
         out.flush()
         pending.clear()
 
@@ -95,9 +103,12 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
 
 def _match(args: argparse.Namespace) -> int:
     policy = Policy.load(args.policy)
-    config = CacheConfig.from_section(policy.resolve("cache"))
+    section = dict(policy.resolve("cache"))
     if args.threshold is not None:
-        config = CacheConfig.from_section({**policy.resolve("cache"), "threshold": args.threshold})
+        section["threshold"] = args.threshold
+    if args.min_probability is not None:
+        section["verify"] = {**section.get("verify", {}), "min_probability": args.min_probability}
+    config = CacheConfig.from_section(section)
     return 1 if match_lines(sys.stdin, sys.stdout, config) else 0
 
 
@@ -124,4 +135,5 @@ def register(subparsers: Any) -> None:
     match = sub.add_parser("match", help='read {"a","b"} JSON lines on stdin; write whether b would be served for a')
     match.add_argument("--policy", help="operator policy YAML merged over the defaults")
     match.add_argument("--threshold", type=float, help="override the policy's similarity threshold")
+    match.add_argument("--min-probability", type=float, help="override the policy's cache.verify.min_probability")
     match.set_defaults(func=_match)

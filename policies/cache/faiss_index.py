@@ -99,7 +99,8 @@ class FaissIndex:
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self.dimension)
         faiss.omp_set_num_threads(1)  # this thread's setting (see the note at the top)
         scores, ids = index.search(query, min(k, index.ntotal))
-        return [Neighbour(int(i), float(s)) for s, i in zip(scores[0], ids[0]) if i >= 0]
+        # IndexIDMap2 keeps the id -> row map, so each candidate's vector comes back without a store read.
+        return [Neighbour(int(i), float(s), np.asarray(index.reconstruct(int(i)))) for s, i in zip(scores[0], ids[0]) if i >= 0]
 
     def ids(self) -> set[int]:
         return set(self._scope_of)

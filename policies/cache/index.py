@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -11,10 +11,11 @@ import numpy as np
 
 @dataclass(slots=True, frozen=True)
 class Neighbour:
-    """One search result: the entry id and its cosine similarity to the query."""
+    """One search result: the entry id, its cosine similarity to the query and (when kept) its vector."""
 
     id: int
     similarity: float
+    vector: np.ndarray | None = field(default=None, compare=False)  # the learned verifier reads it
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ from policies.cache.index import VectorIndex
 from policies.cache.matcher import decide
 from policies.cache.scope import CacheKey
 from policies.cache.store import Entry, EntryStore
+from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 
@@ -117,6 +118,8 @@ class SemanticCache:
 
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        if self.base.verify.verifier is not None:
+            load_verifier(self.base.verify.verifier)  # read (and checked) now, not on the first lookup
         self._store = EntryStore(self.directory / "entries.sqlite3")
         if self._index is None:
             path = self.directory / "vectors.faiss"
@@ -154,11 +157,15 @@ class SemanticCache:
         stale = [n.id for n in neighbours if n.id not in entries]
         if stale:  # purged by another process (the CLI); drop the orphaned vectors
             self._index.remove(stale)
+        query: PairText | None = None
         for neighbour in neighbours:
             entry = entries.get(neighbour.id)
             if entry is None or entry.scope != key.scope or entry.expires <= now:
                 continue
-            decision = decide(neighbour.similarity, key.text, entry.text, threshold=config.threshold, checks=config.verify)
+            if query is None:
+                query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
+            decision = decide(neighbour.similarity, query, entry.text, threshold=config.threshold, checks=config.verify,
+                              query_vector=vector, candidate_vector=neighbour.vector)  # fmt: skip
             if decision.hit and self._fits(entry, max_output_tokens):
                 return self._hit(entry, neighbour.similarity, exact=False, now=now)
         return None

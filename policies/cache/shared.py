@@ -43,9 +43,11 @@ import redis.asyncio as aioredis
 from policies.cache.backend import CacheUnavailable
 from policies.cache.config import CacheConfig, ResolvedConfigs
 from policies.cache.faiss_index import FaissIndex
+from policies.cache.index import Neighbour
 from policies.cache.matcher import decide
 from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit
+from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
@@ -175,6 +177,8 @@ class SharedCache:
     async def start(self) -> None:
         """Start following the stream from its start (the catch-up); a store that is down is retried."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-cache")
+        if self.base.verify.verifier is not None:
+            await self._call(load_verifier, self.base.verify.verifier)  # read (and checked) now, not on the first lookup
         # NOTE: the scripts are loaded once here, not on a replica's first store: a NOSCRIPT
         # round (load, then run) took longer than op_timeout_ms under load, and that one
         # timeout switched the shared cache off for _BACKOFF_S. A store that is down now is
@@ -258,9 +262,11 @@ class SharedCache:
                 return list(await pipe.execute())
 
         rows = await self._op(fetch)
-        for (entry_id, meta, similarity), row in zip(found, rows):
+        query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
+        for (entry_id, meta, neighbour), row in zip(found, rows):
             hit = self._accept(
-                row, key, entry_id, similarity, now, max_output_tokens, owner=meta.owner, exact_key=meta.exact, config=config
+                row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner, exact_key=meta.exact,
+                config=config, verify=(query, vector, neighbour.vector),
             )
             if hit is not None:
                 return hit
@@ -269,6 +275,7 @@ class SharedCache:
     def _accept(
         self, row: list[Any], key: CacheKey, entry_id: int | None, similarity: float, now: float, max_output_tokens: int | None,
         *, owner: str, exact_key: str, config: CacheConfig | None = None,
+        verify: tuple[PairText, np.ndarray, np.ndarray | None] | None = None,
     ) -> CacheHit | None:  # fmt: skip
         """The hit a stored row gives (same scope, not expired, fits, verified when semantic), or None."""
         stored_id, scope, text, body, expires = row
@@ -277,7 +284,9 @@ class SharedCache:
         if entry_id is not None and int(stored_id) != entry_id:
             return None  # replaced since this vector was indexed; the replacement has its own
         if config is not None:
-            decision = decide(similarity, key.text, _text(text), threshold=config.threshold, checks=config.verify)
+            query, query_vector, candidate_vector = verify or (PairText(key.text, config.verify), None, None)
+            decision = decide(similarity, query, _text(text), threshold=config.threshold, checks=config.verify,
+                              query_vector=query_vector, candidate_vector=candidate_vector)  # fmt: skip
             if not decision.hit:
                 return None
         payload = orjson.loads(body)
@@ -438,12 +447,12 @@ class SharedCache:
 
     # Everything below runs on the worker thread.
 
-    def _search(self, scope: str, vector: np.ndarray, k: int, threshold: float) -> list[tuple[int, _Meta, float]]:
+    def _search(self, scope: str, vector: np.ndarray, k: int, threshold: float) -> list[tuple[int, _Meta, Neighbour]]:
         found = []
         for neighbour in self._index.search(scope, vector, k):
             meta = self._meta.get(neighbour.id)
             if neighbour.similarity >= threshold and meta is not None and meta.scope == scope:
-                found.append((neighbour.id, meta, neighbour.similarity))
+                found.append((neighbour.id, meta, neighbour))
         return found
 
     def _add(self, entry_id: int, meta: _Meta, vector: np.ndarray | None) -> None:

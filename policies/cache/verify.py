@@ -1,11 +1,14 @@
-"""Checks a semantic candidate must pass before it is served: same numbers, entities, negation, direction."""
+"""Checks a semantic candidate must pass before it is served: rule vetoes (same numbers, entities,
+negation, direction) and the learned verifier's calibrated probability (policies/cache/verifier.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
@@ -63,6 +66,11 @@ _OPPOSITE_PAIRS: tuple[tuple[str, str], ...] = (
 _NEGATION_WORDS = ("not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "nowhere")
 _WordPair = Annotated[tuple[str, str], Strict(False)]  # NOTE: YAML gives [a, b] lists; the words stay strict
 
+# The learned verifier shipped with the package (policies/cache/verifier_train.py writes it).
+BUNDLED_VERIFIER = Path(__file__).resolve().parent / "artifacts" / "verifier.npz"
+# Chosen on the selection split for precision >= 0.97 on every source (policies/cache/MODEL_CARD.md).
+DEFAULT_MIN_PROBABILITY = 0.96
+
 
 class VerifySection(BaseModel):
     """The `cache.verify` policy section as written; its defaults are the shipped policy's.
@@ -83,6 +91,19 @@ class VerifySection(BaseModel):
     forward_markers: list[str] = Field(default_factory=lambda: ["to", "into", "towards", "than", "onto"])
     reverse_markers: list[str] = Field(default_factory=lambda: ["from"])
     opposite_pairs: list[_WordPair] = Field(default_factory=lambda: list(_OPPOSITE_PAIRS))
+    verifier: str = Field(
+        "bundled", description="learned verifier: bundled, off, or the path of an .npz artifact (verifier_train.py)"
+    )
+    min_probability: float = Field(
+        DEFAULT_MIN_PROBABILITY, ge=0.0, le=1.0, description="the verifier's calibrated probability a hit needs"
+    )
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier_path(cls, value: str) -> str:
+        if value not in ("bundled", "off") and not Path(value).is_file():
+            raise ValueError(f"must be bundled, off, or the path of a verifier artifact; {value!r} is not a file")
+        return value
 
     @field_validator("negation_words", "forward_markers", "reverse_markers", mode="before")
     @classmethod
@@ -93,7 +114,7 @@ class VerifySection(BaseModel):
 
     def config(self) -> VerifyConfig:
         """The checks as `verify` uses them: lowercased word sets, each opposite with its inflections."""
-        return VerifyConfig(
+        config = VerifyConfig(
             numbers=self.numbers,
             entities=self.entities,
             negation=self.negation,
@@ -106,7 +127,10 @@ class VerifySection(BaseModel):
             opposite_pairs=tuple(
                 (frozenset(_forms(one.lower())), frozenset(_forms(other.lower()))) for one, other in self.opposite_pairs
             ),
+            verifier=None if self.verifier == "off" else str(BUNDLED_VERIFIER if self.verifier == "bundled" else self.verifier),
+            min_probability=self.min_probability,
         )
+        return dataclasses.replace(config, opposite_words=frozenset().union(*(x | y for x, y in config.opposite_pairs)))
 
 
 @dataclass(slots=True, frozen=True)
@@ -123,6 +147,9 @@ class VerifyConfig:
     reverse_markers: frozenset[str]
     direction_window: int
     opposite_pairs: tuple[tuple[frozenset[str], frozenset[str]], ...]
+    verifier: str | None = None  # the artifact's path; None: rule checks only
+    min_probability: float = DEFAULT_MIN_PROBABILITY
+    opposite_words: frozenset[str] = frozenset()  # every form of every opposite pair (a fast "none here")
 
     @classmethod
     def from_policy(cls, section: Mapping[str, Any]) -> VerifyConfig:
@@ -239,6 +266,9 @@ def features(text: str, cfg: VerifyConfig) -> Features:
 def _opposed(a: Features, b: Features, cfg: VerifyConfig) -> bool:
     # Opposed when one side of a pair gains mentions while the other loses them
     # ("upload" became "download"), counted so a word used twice is not hidden by one reuse.
+    # Both texts need a word of some pair for that (one gains, the other had what was lost).
+    if cfg.opposite_words and (cfg.opposite_words.isdisjoint(a.counts) or cfg.opposite_words.isdisjoint(b.counts)):
+        return False
     for one, other in cfg.opposite_pairs:
         gained = sum(b.counts[w] for w in one) - sum(a.counts[w] for w in one)
         lost = sum(b.counts[w] for w in other) - sum(a.counts[w] for w in other)

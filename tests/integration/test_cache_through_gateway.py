@@ -13,11 +13,16 @@ from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
 
 
+# The shipped min_probability (0.96, chosen for precision >= 0.97 on held-out QQP) serves only
+# near-rewrites; these tests exercise the paraphrase path with a lenient policy an operator may set.
+LENIENT = 0.5
+
+
 @pytest.fixture
 def gw(bg, make_gateway):
     rec = Recorder()
     up = RunningApp(bg, fault_app("ok", rec, text="Boil the water for ten minutes"))
-    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True}}}
+    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True, "verify": {"min_probability": LENIENT}}}}
     gateway = make_gateway(base=base, upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"])])
     gateway.rec = rec  # type: ignore[attr-defined]
     return gateway
@@ -100,3 +105,15 @@ def test_readiness_names_the_embedding_backend(gw):
     ready = httpx.get(gw.url + "/readyz", timeout=10)
     assert ready.status_code == 200
     assert ready.json()["checks"]["embedder"] == "onnx"
+
+
+def test_the_shipped_verifier_serves_only_what_it_is_sure_of(bg, make_gateway):
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text="Boil the water for ten minutes"))
+    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True}}}
+    gw = make_gateway(base=base, upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"])])
+    chat(gw, "How long should I boil water to make it safe to drink?")
+    settle(gw)
+    assert chat(gw, "How long should I boil water to make it safe to drink?").headers["x-tierlane-cache"] == "hit"
+    # a paraphrase the verifier is not 0.96 sure of goes to the upstream
+    assert chat(gw, "how long do i need to boil water so that it is safe to drink").headers["x-tierlane-cache"] == "miss"

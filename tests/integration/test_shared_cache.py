@@ -30,13 +30,16 @@ KEYS = [
 ]
 QUESTION = "How long should I boil water to make it safe to drink?"
 PARAPHRASE = "how long do i need to boil water so that it is safe to drink"
+# The shipped min_probability (0.96) serves only near-rewrites; the paraphrase path is exercised
+# with a lenient policy an operator may set.
+LENIENT = 0.5
 ANSWER = "Boil the water for ten minutes"
 
 
 def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, **state: Any) -> tuple[list[Any], Recorder]:
     rec = Recorder()
     up = RunningApp(bg, fault_app("ok", rec, text=ANSWER))
-    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True}}}
+    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True, "verify": {"min_probability": LENIENT}}}}
     replicas = [
         make_gateway(
             base=base,

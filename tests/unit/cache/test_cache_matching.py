@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 from helpers import Flow, chat
+
+from policies.cache.service import SemanticCache
+from policies.embedder import Embedder
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +27,25 @@ async def test_exact_repeat_hits_with_similarity_one(flow: Flow) -> None:
     assert ctx.usage is not None and ctx.usage.output_tokens == 7
 
 
-async def test_paraphrase_hits_with_reported_similarity(flow: Flow) -> None:
+# The shipped min_probability is chosen for precision on noisy QQP labels and misses many plain
+# paraphrases (policies/cache/MODEL_CARD.md); the hit path is checked with a permissive verifier.
+PERMISSIVE = {"verify": {"min_probability": 0.5}}
+
+
+async def test_paraphrase_hits_with_reported_similarity(open_cache: Callable[..., Awaitable[SemanticCache]], embedder: Embedder) -> None:
+    flow = Flow(await open_cache(**PERMISSIVE), embedder)
     await flow.answer(chat(QUESTION), "Multiply by 9/5 and add 32.")
     ctx, answer = await flow.ask(chat("How can I convert a temperature from Celsius into Fahrenheit?"))
     assert answer is not None, ctx.cache_status
     similarity = float(answer.headers["x-tierlane-cache-similarity"])
     assert 0.82 <= similarity < 1.0
     assert ctx.cache_similarity == pytest.approx(similarity, abs=1e-4)
+
+
+async def test_the_shipped_verifier_refuses_a_paraphrase_it_is_unsure_of(flow: Flow) -> None:
+    await flow.answer(chat("How do I learn Python quickly?"), "Write code every day.")
+    ctx, answer = await flow.ask(chat("What is the fastest way to learn Python?"))
+    assert answer is None and ctx.cache_status == "miss"  # cosine 0.92, verifier 0.86 < 0.96
 
 
 @pytest.mark.parametrize(
