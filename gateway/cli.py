@@ -14,6 +14,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.cache",
     "gateway.replay.cli",
     "policies.router.cli",
+    "policies.edge_quality.cli",
     "policies.trim.cli",
     "gateway.commands.usage",
 ]
