@@ -82,10 +82,22 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
     return await open_cache(settings.state_dir, policy)
 
 
+async def _cascade(settings: Settings, policy: Policy) -> Any:
+    from gateway.cascade import Cascade
+    from policies.cascade import CascadePolicy
+    from policies.edge_quality.model import load_for_model
+
+    # NOTE: a calibration measured on another GGUF would judge this model by that one's
+    # answers: it is refused (logged), and `auto` falls back to the router's decision.
+    path = CascadePolicy(policy).section.calibration
+    return Cascade(policy, load_for_model(settings.edge.resolved_model_path(), path))
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
     # One embedding per request, shared by the semantic cache and the router.
     Component("embedder", lambda s, p: s.embedder.enabled, _embedder),
     Component("cache", _cache_on, _cache),
+    Component("cascade", lambda s, p: s.edge.enabled, _cascade),
 ]

@@ -63,6 +63,8 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
     model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends
     edge_check: EdgeCheck | None = None  # the cascade's check of an edge answer (auto requests)
+    edge_prior: float | None = None  # the calibration's prior that the edge answers this right
+    fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.

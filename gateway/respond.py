@@ -30,6 +30,10 @@ _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 def lane_header(ctx: RequestContext) -> str:
     lane = ctx.lane if ctx.lane != "upstream" or not ctx.pool else f"upstream:{ctx.pool}"
     route = ctx.route
+    check = ctx.edge_check
+    if check is not None and check.confidence is not None:
+        # e.g. `upstream:standard; escalated; confidence=0.412; ...` or `edge; confidence=0.931; ...`
+        lane += f"; escalated; confidence={check.confidence:.3f}" if check.escalated else f"; confidence={check.confidence:.3f}"
     if route is None:
         return lane
     score = "" if route.score is None else f"; score={route.score:.3f}"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
+    from gateway.cascade import Cascade
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
     from policies.cache.backend import CacheBackend
@@ -28,3 +29,4 @@ class Services:
     cache: CacheBackend | None = None  # SemanticCache (embedded) or SharedCache (state.backend: redis)
     router: Router | None = None  # the complexity router (loaded by the route stage when None)
     telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets
+    cascade: Cascade | None = None  # the edge lane's calibrated decision and confidence check

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+import weakref
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams
+from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams, TokenInfo
 from edge_engine.errors import ContextTooLong, EngineBusy, EngineError, InvalidInput
+from edge_engine.json_mode import grammar_for
+from gateway.capabilities import EdgeCapabilities
+from gateway.cascade import EdgeJudge, Escalate
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import ContextLengthExceeded, GatewayError, InvalidRequest, Overloaded
 from gateway.protocol import WireRequest
@@ -28,8 +33,6 @@ def gateway_error(exc: EngineError) -> GatewayError:
 
 def sampling_from_request(wire: WireRequest) -> SamplingParams:
     """The sampling fields the engine supports, from the request as validated on the wire."""
-    if wire.n is not None and wire.n != 1:  # type: ignore[union-attr]
-        raise InvalidRequest("the edge model returns one choice per request", param="n")
     stop = wire.stop  # type: ignore[union-attr]
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
@@ -44,7 +47,26 @@ def sampling_from_request(wire: WireRequest) -> SamplingParams:
         frequency_penalty=wire.frequency_penalty or 0.0,  # type: ignore[union-attr]
         seed=wire.seed,  # type: ignore[union-attr]
         stop=stops,
+        top_logprobs=_top_logprobs(wire),
+        grammar=_grammar(getattr(wire, "response_format", None)),
     )
+
+
+def _top_logprobs(wire: WireRequest) -> int:
+    """Alternatives per token asked for: chat's `top_logprobs` (with `logprobs`), completions' `logprobs`."""
+    value = getattr(wire, "logprobs", None)
+    if isinstance(value, bool):
+        return int(getattr(wire, "top_logprobs", None) or 0) if value else 0
+    return int(value or 0)
+
+
+def _grammar(response_format: dict[str, Any] | None) -> str | None:
+    if not response_format:
+        return None
+    try:
+        return grammar_for(response_format)
+    except InvalidInput as exc:
+        raise InvalidRequest(exc.message, param=exc.param or "response_format", code="unsupported_on_edge") from None
 
 
 def prefix_scope(ctx: RequestContext) -> str:
@@ -52,18 +74,40 @@ def prefix_scope(ctx: RequestContext) -> str:
     return ctx.principal.tenant
 
 
-async def answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
-    """Runs the request on the engine; errors before the first token raise here, not in the stream."""
+_CAPABILITIES: weakref.WeakKeyDictionary[EdgeEngine, EdgeCapabilities] = weakref.WeakKeyDictionary()
+
+
+def capabilities(engine: EdgeEngine) -> EdgeCapabilities:
+    """What this engine can serve (built once per engine)."""
+    found = _CAPABILITIES.get(engine)
+    if found is None:
+        found = _CAPABILITIES[engine] = EdgeCapabilities(engine)
+    return found
+
+
+async def answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | None = None) -> Answer:
+    """Runs the request on the engine; errors before the first token raise here, not in the stream.
+
+    With a `judge` (the cascade, for `auto` requests) the answer's token confidence is checked
+    before anything is sent: a failed check raises Escalate and the client sees only the
+    upstream's answer.
+    """
     try:
-        return await _answer(engine, ctx)
+        return await _answer(engine, ctx, judge)
     except EngineError as exc:
         raise gateway_error(exc) from None
 
 
-async def _answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
+async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | None) -> Answer:
     body = ctx.body
     assert ctx.request is not None, "the route handler validates the request first"
+    # NOTE: the route stage already sent `auto` traffic that needs more upstream; this refuses
+    # what reaches the edge anyway (pinned, or routing off) instead of answering it differently.
+    capabilities(engine).check_pinned(ctx.operation, ctx.body)
     params = sampling_from_request(ctx.request)
+    if judge is not None and judge.escalate:
+        params.low_confidence_run = judge.low_confidence_run
+        params.low_confidence_logprob = judge.low_confidence_logprob
     chat = ctx.operation == "chat"
     priority = Priority.BATCH if (ctx.header("x-tierlane-priority") or "").lower() == "batch" else Priority.INTERACTIVE
     started = time.perf_counter()
@@ -74,45 +118,79 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext) -> Answer:
         priority=priority,
         scope=prefix_scope(ctx),
     )
+    held: list[GenerationEvent] = []
+    hold = judge.hold_tokens if judge is not None and judge.escalate else 0
     try:
-        first = await generation.__anext__()
+        # Errors before the first token raise here, not in the stream. Whole answers are read to
+        # the end; a stream holds back its first `hold` tokens for the confidence check.
+        while not held or held[-1].finish_reason is None:
+            held.append(await generation.__anext__())
+            if ctx.first_token_at is None:
+                ctx.first_token_at = time.perf_counter()
+            if ctx.stream and held[-1].completion_tokens >= hold:
+                break
     except BaseException:
         generation.cancel()
         ctx.lane_seconds = time.perf_counter() - started  # the lane worked on it (metered as such)
         raise
-    ctx.first_token_at = time.perf_counter()
-    shape = _Shape(chat=chat, model=engine.model_name, created=int(time.time()))
+    last = held[-1]
+    tokens = [t for event in held for t in event.tokens]
+    if judge is not None:
+        check = judge.check(tokens, last.finish_reason, final=last.finish_reason is not None,
+                            structured=params.grammar is not None)
+        ctx.edge_check = check
+        if check.escalated:
+            generation.cancel()
+            ctx.edge_check = replace(check, edge_input_tokens=generation.prompt_tokens,
+                                     edge_output_tokens=last.completion_tokens)
+            ctx.lane_seconds = time.perf_counter() - started
+            raise Escalate(ctx.edge_check)
+    shape = _Shape(chat=chat, model=engine.model_name, created=int(time.time()), logprobs=_logprobs_wanted(ctx))
     if not ctx.stream:
-        text = [first.text]
-        last = first
-        async for event in generation:
-            text.append(event.text)
-            last = event
         _finish(ctx, last, started)
-        return Answer(lane="edge", body=shape.body("".join(text), last))
-    return Answer(lane="edge", chunks=_stream(generation, first, shape, ctx, started, ctx.request.include_usage))
+        return Answer(lane="edge", body=shape.body("".join(e.text for e in held), tokens, last))
+    return Answer(lane="edge", chunks=_stream(generation, held, shape, ctx, started, judge, params.grammar is not None))
+
+
+def _logprobs_wanted(ctx: RequestContext) -> int | None:
+    """None: no logprobs; else how many alternatives per token (0: the chosen token's only)."""
+    wire = ctx.request
+    if ctx.operation == "chat":
+        if not getattr(wire, "logprobs", None):
+            return None
+        return int(getattr(wire, "top_logprobs", None) or 0)
+    value = getattr(wire, "logprobs", None)
+    return None if value is None else int(value)
 
 
 async def _stream(
     generation: Generation,
-    first: GenerationEvent,
+    held: list[GenerationEvent],
     shape: _Shape,
     ctx: RequestContext,
     started: float,
-    include_usage: bool,
+    judge: EdgeJudge | None,
+    grammar: bool,
 ) -> AsyncGenerator[dict[str, Any], None]:
+    include_usage = bool(ctx.request.include_usage)
+    tokens = [t for event in held for t in event.tokens]
     try:
         if shape.chat:
             yield shape.chunk({"role": "assistant", "content": ""}, None)
-        event = first
-        while True:
-            yield shape.chunk(shape.delta(event.text), event.finish_reason)
-            if event.finish_reason is not None:
-                break
+        for event in held:
+            yield shape.event_chunk(event)
+        event = held[-1]
+        while event.finish_reason is None:
             try:
                 event = await generation.__anext__()
             except EngineError as exc:
                 raise gateway_error(exc) from None
+            tokens.extend(event.tokens)
+            yield shape.event_chunk(event)
+        if judge is not None and len(tokens) > sum(len(e.tokens) for e in held):
+            # the whole answer's confidence decides what the cache may keep (it was served already)
+            ctx.edge_check = judge.check(tokens, event.finish_reason, final=True, served=True,
+                                         structured=grammar)
         _finish(ctx, event, started)
         if include_usage:
             yield {**shape.chunk(None, None), "choices": [], "usage": _usage(event).to_openai()}
@@ -131,17 +209,34 @@ def _finish(ctx: RequestContext, last: GenerationEvent, started: float) -> None:
     ctx.lane_seconds = time.perf_counter() - started
 
 
+def client_finish_reason(reason: str | None) -> str | None:
+    """The engine's finish reason as OpenAI's: a degeneration stop cut the answer short ("length")."""
+    return "length" if reason in ("loop", "low_confidence") else reason
+
+
+def _token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
 class _Shape:
     """Builds OpenAI objects for one answer (ids and timestamps shared by all its chunks)."""
 
-    def __init__(self, *, chat: bool, model: str, created: int) -> None:
+    def __init__(self, *, chat: bool, model: str, created: int, logprobs: int | None = None) -> None:
         self.chat = chat
         self.model = model
         self.created = created
+        self.logprobs = logprobs  # None: not asked for
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self._offset = 0  # completions' text_offset runs over the whole answer
 
     def delta(self, text: str) -> dict[str, Any]:
         return {"content": text} if text else {}
+
+    def event_chunk(self, event: GenerationEvent) -> dict[str, Any]:
+        chunk = self.chunk(self.delta(event.text), client_finish_reason(event.finish_reason))
+        if self.logprobs is not None and event.tokens:
+            chunk["choices"][0]["logprobs"] = self.logprob_block(event.tokens)
+        return chunk
 
     def chunk(self, delta: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
         if self.chat:
@@ -150,11 +245,39 @@ class _Shape:
         choices = [] if delta is None else [{"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}]
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": choices}
 
-    def body(self, text: str, last: GenerationEvent) -> dict[str, Any]:
+    def logprob_block(self, tokens: Sequence[TokenInfo]) -> dict[str, Any]:
+        """OpenAI's `logprobs` object for these tokens: chat's `content` list, or completions' arrays."""
+        k = self.logprobs or 0
+        if self.chat:
+            return {"content": [self._chat_entry(t, k) for t in tokens], "refusal": None}
+        texts = [_token_text(t.piece) for t in tokens]
+        offsets = []
+        for text in texts:
+            offsets.append(self._offset)
+            self._offset += len(text)
+        return {
+            "tokens": texts,
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{_token_text(p): lp for p, lp in t.top[:k]} for t in tokens] if k else None,
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def _chat_entry(token: TokenInfo, k: int) -> dict[str, Any]:
+        return {
+            "token": _token_text(token.piece),
+            "logprob": token.logprob,
+            "bytes": list(token.piece),
+            "top_logprobs": [{"token": _token_text(p), "logprob": lp, "bytes": list(p)} for p, lp in token.top[:k]],
+        }
+
+    def body(self, text: str, tokens: Sequence[TokenInfo], last: GenerationEvent) -> dict[str, Any]:
         usage: dict[str, Any] = dict(_usage(last).to_openai())
         usage["prompt_tokens_details"] = {"cached_tokens": last.cached_tokens}
+        logprobs = self.logprob_block(tokens) if self.logprobs is not None else None
+        finish = client_finish_reason(last.finish_reason)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": last.finish_reason}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
             return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": [choice], "usage": usage}

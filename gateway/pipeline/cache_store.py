@@ -22,6 +22,8 @@ def admissible(ctx: RequestContext, outcome: Outcome) -> bool:
         return False
     if wants(ctx.headers, "no-store"):
         return False
+    if ctx.lane == "edge" and ctx.edge_check is not None and not ctx.edge_check.passed:
+        return False  # a local answer below the confidence threshold is never served again
     if outcome.status != 200 or not outcome.complete or outcome.response is None:
         return False
     if not outcome.finish_reasons or any(reason != "stop" for reason in outcome.finish_reasons):

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gateway.capabilities import EdgeCapabilities
+from gateway.cascade import Cascade
 from gateway.context import Answer, RequestContext, RouteDecision
 from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.lanes import FORCEABLE, ROUTE_HEADER
@@ -53,6 +55,8 @@ class RouteStage:
         pool_names: list[str],
         edge_model: str | None,
         pool_model: Callable[[str | None], str | None],
+        capabilities: EdgeCapabilities | None = None,
+        cascade: Cascade | None = None,
     ) -> None:
         self.router = router
         self.policy = policy
@@ -62,6 +66,8 @@ class RouteStage:
         self.pool_names = pool_names
         self.edge_model = edge_model
         self.pool_model = pool_model  # the model an upstream pool is asked for when the policy names none
+        self.capabilities = capabilities  # None: no edge engine here
+        self.cascade = cascade  # None: no calibrated edge decision, no escalation
         # NOTE: only used without a shared embedder; one thread owns the fallback model.
         self._executor: ThreadPoolExecutor | None = None
         self._fallback_encoder: Any = None
@@ -88,6 +94,8 @@ class RouteStage:
             return None
         if header in FORCEABLE:
             lane, reason = self._reachable(header, "forced", rules)
+            if lane == "edge":
+                self._check_pinned(ctx)
             score = await self._free_score(ctx)
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
             return None
@@ -96,6 +104,17 @@ class RouteStage:
             raise UpstreamUnavailable(
                 f"no lane this tenant/app may use is running (allowed: {', '.join(rules.lanes)})"
             )
+        if "edge" in usable and self.capabilities is not None:
+            gaps = self.capabilities.gaps(ctx.operation, ctx.body)
+            if gaps:
+                ctx.attributes["tierlane.route.capabilities"] = ",".join(sorted({g.capability for g in gaps}))
+                if usable == ["edge"]:
+                    raise gaps[0].error()
+                usable = [lane for lane in usable if lane != "edge"]
+                score = await self._free_score(ctx)
+                self._apply(ctx, RouteDecision(usable[0], score, gaps[0].reason, rules.threshold),
+                            rules.target_for(usable[0]), rules)
+                return None
         if len(usable) == 1:
             lane = usable[0]
             reason = ("edge_unavailable" if lane == "upstream" else "no_upstream") if len(rules.lanes) > 1 else "policy_lane"
@@ -109,6 +128,17 @@ class RouteStage:
         except ValueError as exc:
             log.error("router could not score the request: %s", exc)
             raise
+        if self.cascade is not None and self.cascade.decides_edge(ctx):
+            # NOTE: the edge decision is the calibration's: the measured chance that the
+            # configured edge model answers this prompt right. The router's score is kept for the
+            # record; it was trained on weak/strong upstream pairs, not on this model.
+            prior = ctx.edge_prior = self.cascade.prior(last_user_text(prompt), embedding)
+            threshold = self.cascade.prior_threshold(ctx)
+            ctx.attributes["tierlane.edge.prior"] = round(prior, 6)
+            lane = "edge" if prior >= threshold else "upstream"
+            decision = RouteDecision(lane, score, f"calibration_{lane}", threshold)
+            self._apply(ctx, decision, rules.target_for(lane), rules)
+            return None
         decision, target = RoutePolicy.decide_with(rules, score)
         self._apply(ctx, decision, target, rules)
         return None
@@ -121,9 +151,15 @@ class RouteStage:
                 f"(model {ctx.model!r}); allowed: {', '.join(rules.lanes)}",
                 param="model",
             )
+        if ctx.lane == "edge":
+            self._check_pinned(ctx)
         score = await self._free_score(ctx)
         ctx.route = RouteDecision(ctx.lane, score, "forced" if forced else "explicit_model", rules.threshold)
         self._annotate(ctx, ctx.route, None)
+
+    def _check_pinned(self, ctx: RequestContext) -> None:
+        if self.capabilities is not None:
+            self.capabilities.check_pinned(ctx.operation, ctx.body)
 
     def _reachable(self, lane: str, reason: str, rules: RouteRules) -> tuple[str, str]:
         if not rules.allows(lane):
@@ -175,15 +211,25 @@ class RouteStage:
         ctx.route = decision
         ctx.lane = decision.lane
         if decision.lane == "edge":
+            if (ctx.auto and decision.reason != "forced" and self.cascade is not None
+                    and self.available("upstream") and rules.allows("upstream")):
+                # where the cascade sends an edge answer that fails its check
+                ctx.fallback = self._upstream_target(ctx, rules.target_for("upstream"))
             ctx.pool = None
             ctx.target_model = target.model or self.edge_model
         else:
-            if target.pool in self.pool_names:
-                ctx.pool = target.pool
-            elif ctx.pool not in self.pool_names:
-                ctx.pool = self.pool_names[0] if self.pool_names else None
-            ctx.target_model = target.model or self.pool_model(ctx.pool)
+            ctx.pool, ctx.target_model = self._upstream_target(ctx, target)
         self._annotate(ctx, decision, target)
+
+    def _upstream_target(self, ctx: RequestContext, target: LaneTarget) -> tuple[str | None, str | None]:
+        pool: str | None
+        if target.pool in self.pool_names:
+            pool = target.pool
+        elif ctx.pool in self.pool_names:
+            pool = ctx.pool
+        else:
+            pool = self.pool_names[0] if self.pool_names else None
+        return pool, target.model or self.pool_model(pool)
 
     @staticmethod
     def _annotate(ctx: RequestContext, decision: RouteDecision, target: LaneTarget | None) -> None:
@@ -226,4 +272,6 @@ def build(services: Services) -> RouteStage | None:
         pool_names=list(pool.pool_names()) if has_upstreams else [],
         edge_model=getattr(edge_settings, "model_name", None),
         pool_model=pool.default_model if has_upstreams else _no_model,
+        capabilities=EdgeCapabilities(services.engine) if services.engine is not None else None,
+        cascade=services.cascade,
     )

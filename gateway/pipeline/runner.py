@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from gateway.cascade import Escalate
 from gateway.context import Answer, Outcome, RequestContext
 from gateway.errors import Overloaded
 from gateway.lanes import upstream as upstream_lane
@@ -93,7 +94,15 @@ class Pipeline:
             engine = self.services.engine
             if engine is None:  # the resolve and route stages only pick the edge when it runs
                 raise Overloaded("the edge lane is not running on this gateway", retry_after=5)
-            return await edge_lane.answer(engine, ctx)
+            cascade = self.services.cascade
+            judge = cascade.judge_for(ctx) if cascade is not None else None
+            try:
+                return await edge_lane.answer(engine, ctx, judge)
+            except Escalate:
+                assert ctx.fallback is not None, "only requests with a fallback are escalated"
+                ctx.lane = "upstream"
+                ctx.pool, ctx.target_model = ctx.fallback
+                ctx.first_token_at = None  # the client's first token is the upstream's
         tel = self.services.telemetry
         inject = tel.spans.inject if tel is not None and tel.spans.enabled else None
         estimate = tel.estimate_usage if tel is not None else None

@@ -63,3 +63,42 @@ def test_route_header_forces_a_lane(gw):
     r = ask(gw, PROMPTS[0], **{"x-tierlane-route": "upstream"})
     assert r.status_code == 200, r.text
     assert r.headers["x-tierlane-lane"].startswith("upstream") and r.json()["choices"][0]["message"]["content"] == "from upstream"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+IMAGE = [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+
+
+@pytest.mark.parametrize(("extra", "capability"), [
+    ({"tools": TOOLS}, "tools"),
+    ({"messages": IMAGE}, "image"),
+    ({"n": 2}, "n"),
+    ({"logit_bias": {"1": 2}}, "logit_bias"),
+])
+def test_auto_requests_the_edge_cannot_serve_go_upstream_with_the_reason(gw, extra, capability):
+    body = {"model": "auto", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 4, **extra}
+    hits = gw.rec.hits
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-tierlane-lane"].startswith("upstream")
+    assert r.headers["x-tierlane-lane"].endswith(f"reason=capability:{capability}")
+    assert gw.rec.hits == hits + 1
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": TOOLS}, "tools"),
+    ({"messages": IMAGE}, "messages[0].content[1]"),
+    ({"n": 2}, "n"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+])
+def test_requests_pinned_to_the_edge_get_a_400_naming_the_parameter(gw, extra, param):
+    hits = gw.rec.hits
+    for how in ({"model": "smollm2"}, {"model": "auto", "headers": {"x-tierlane-route": "edge"}}):
+        headers = how.pop("headers", {})
+        body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 4, **how, **extra}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "unsupported_on_edge", param)
+    assert gw.rec.hits == hits  # nothing was answered differently elsewhere

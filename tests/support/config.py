@@ -14,6 +14,7 @@ PASS_THROUGH: dict[str, Any] = {
         "router": {"enabled": False},
         "trim": {"enabled": False},
         "budgets": {"enabled": False},
+        "cascade": {"enabled": False},
     },
 }
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from edge_engine.settings import EdgeSettings
 from gateway.settings import EdgeSettingsModel, Settings, StateSettings
 from policies.cache.config import CacheConfig, CacheSection
+from policies.cascade import CascadeSection
 from policies.policy import Policy
 from policies.trim.config import TrimPolicy, TrimSection
 
@@ -109,7 +110,7 @@ async def test_the_engine_is_given_the_loaded_edge_settings(monkeypatch: pytest.
     assert isinstance(given[0], EdgeSettings) and given[0].n_ctx == 1024 and given[0].seed == 7
 
 
-@pytest.mark.parametrize(("name", "model"), [("cache", CacheSection), ("trim", TrimSection)])
+@pytest.mark.parametrize(("name", "model"), [("cache", CacheSection), ("trim", TrimSection), ("cascade", CascadeSection)])
 def test_shipped_policy_yaml_lists_exactly_the_section_model_defaults(name: str, model: type[BaseModel]) -> None:
     section = _shipped_policy_yaml(name)
     assert set(section) == set(model.model_fields), f"policies/defaults/{name}.yaml and {model.__name__} list other keys"

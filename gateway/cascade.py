@@ -1,0 +1,129 @@
+"""The confidence cascade: an edge answer to an `auto` request is kept only when it is likely right.
+
+Before generation the calibration's prior for the prompt decides whether the edge is tried at
+all (route stage); after generation (or after the first `hold_tokens` of a stream) the answer's
+token confidence decides whether it is served or escalated upstream. Both thresholds come from
+the calibration of the configured edge model and the tenant's `cascade` policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from edge_engine import TokenInfo
+from gateway.context import RequestContext
+from policies.cascade import CascadePolicy, CascadeSection, CascadeTarget
+from policies.domain import EdgeCheck
+from policies.edge_quality.model import EdgeCalibration
+from policies.policy import Policy
+
+log = logging.getLogger(__name__)
+
+DEGENERATE = frozenset({"loop", "low_confidence"})  # engine finish reasons of a degeneration stop
+
+
+class Escalate(Exception):
+    """The edge answer failed its check before anything was sent: the request goes upstream."""
+
+    def __init__(self, check: EdgeCheck) -> None:
+        super().__init__(check.reason)
+        self.check = check
+
+
+@dataclass(slots=True, frozen=True)
+class EdgeJudge:
+    """The check of one request's edge answer."""
+
+    calibration: EdgeCalibration
+    prior: float
+    threshold: float
+    escalate: bool  # False: the answer is served whatever it scores (pinned requests)
+    hold_tokens: int
+    low_confidence_run: int
+    low_confidence_logprob: float
+
+    def check(self, tokens: Sequence[TokenInfo], finish_reason: str | None, *, final: bool,
+              served: bool = False, structured: bool = False) -> EdgeCheck:
+        """`structured`: the answer was constrained to JSON; cut short by max_tokens it does not parse."""
+        if finish_reason in DEGENERATE:
+            confidence, reason = 0.0, str(finish_reason)
+        elif structured and finish_reason == "length":
+            confidence, reason = 0.0, "invalid_json"
+        else:
+            # a stream's held-back tokens are judged as an answer so far (no finish reason yet)
+            confidence = float(self.calibration.confidence(self.prior, tokens, finish_reason or "stop"))
+            reason = "low_confidence"
+        passed = confidence >= self.threshold
+        return EdgeCheck(
+            confidence=round(confidence, 4),
+            threshold=round(self.threshold, 4),
+            passed=passed,
+            escalated=self.escalate and not passed and not served,
+            reason="" if passed else reason,
+        )
+
+
+class Cascade:
+    """Builds each request's judge from the policy and the calibration artifact."""
+
+    def __init__(self, policy: Policy, calibration: EdgeCalibration | None) -> None:
+        self.policy = CascadePolicy(policy)
+        self.calibration = calibration
+
+    async def close(self) -> None:
+        return None
+
+    def rules(self, ctx: RequestContext) -> CascadeSection:
+        return self.policy.rules(ctx.principal.tenant, ctx.principal.app)
+
+    def decides_edge(self, ctx: RequestContext) -> bool:
+        """Whether the calibration (not the router) decides edge vs upstream for this `auto` request."""
+        rules = self.rules(ctx)
+        return self.calibration is not None and rules.enabled and rules.edge_decision == "calibration"
+
+    def prior_threshold(self, ctx: RequestContext) -> float:
+        return self._threshold("prior", self.rules(ctx).prior)
+
+    def _threshold(self, stage: Literal["prior", "confidence"], target: CascadeTarget) -> float:
+        assert self.calibration is not None
+        if target.mode == "threshold":
+            return target.value
+        return float(self.calibration.threshold(stage, target.mode, target.value))
+
+    def prior(self, text: str, embedding: Any) -> float:
+        assert self.calibration is not None
+        return float(self.calibration.prior(text, np.asarray(embedding, dtype=np.float32)))
+
+    def judge_for(self, ctx: RequestContext) -> EdgeJudge | None:
+        """The judge of an edge answer; None when the cascade is off for this tenant/app or uncalibrated."""
+        if self.calibration is None or ctx.operation not in ("chat", "completions"):
+            return None
+        rules = self.rules(ctx)
+        if not rules.enabled:
+            return None
+        prior = ctx.edge_prior
+        if prior is None:
+            if ctx.embedding is None:
+                return None  # nothing to judge with (no embedding was computed for this request)
+            prior = self.prior(_last_text(ctx), ctx.embedding)
+        return EdgeJudge(
+            calibration=self.calibration,
+            prior=prior,
+            threshold=self._threshold("confidence", rules.target),
+            escalate=ctx.fallback is not None,
+            hold_tokens=rules.hold_tokens,
+            low_confidence_run=rules.low_confidence_run,
+            low_confidence_logprob=rules.low_confidence_logprob,
+        )
+
+
+def _last_text(ctx: RequestContext) -> str:
+    from gateway.pipeline.route import request_prompt
+    from policies.router.features import last_user_text
+
+    return last_user_text(request_prompt(ctx))
