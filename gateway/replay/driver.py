@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.replay.workload import WorkItem
+from gateway.replay.workload import WorkItem, expected_probe
 
 
 @dataclass(slots=True)
@@ -37,6 +37,9 @@ class RequestResult:
     output_tokens: int | None = None
     overhead_ms: float | None = None
     error: str | None = None
+    escalated: bool = False  # the edge answered first and the cascade sent it upstream
+    correct: bool | None = None  # None: the workload line carries no checkable answer
+
 
     @property
     def ok(self) -> bool:
@@ -63,12 +66,40 @@ def parse_lane(header: str | None) -> tuple[str, str | None, str | None]:
     return lane or "unknown", pool or None, reason
 
 
+def escalated(header: str | None) -> bool:
+    """Whether `x-tierlane-lane` says the cascade escalated an edge answer (`upstream; escalated; ...`)."""
+    return bool(header) and "escalated" in (part.strip() for part in (header or "").split(";"))
+
+
+def answer_text(payload: Any) -> str | None:
+    """The first choice's text of a chat or completions answer."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list) or not payload["choices"]:
+        return None
+    choice = payload["choices"][0]
+    if not isinstance(choice, dict):
+        return None
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
 def _has_text(event: dict[str, Any]) -> bool:
     for choice in event.get("choices") or ():
         delta = choice.get("delta") or {}
         if delta.get("content") or choice.get("text"):
             return True
     return False
+
+
+def _delta_texts(event: dict[str, Any]) -> list[str]:
+    out = []
+    for choice in event.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(text, str):
+                out.append(text)
+    return out
 
 
 def _error_text(payload: Any) -> str:
@@ -146,24 +177,38 @@ class Driver:
             ) as resp:
                 result.status = resp.status
                 result.lane, result.pool, result.route_reason = parse_lane(resp.headers.get("x-tierlane-lane"))
+                result.escalated = escalated(resp.headers.get("x-tierlane-lane"))
                 result.cache = resp.headers.get("x-tierlane-cache")
                 overhead = resp.headers.get("x-tierlane-overhead-ms")
                 result.overhead_ms = float(overhead) if overhead else None
                 if resp.status != 200:
                     result.error = _error_text(await _json_or_text(resp))
                 elif body.get("stream"):
-                    await self._read_stream(resp, result, t0)
+                    text = await self._read_stream(resp, result, t0)
+                    self._check(item, result, text)
                 else:
                     payload = await resp.json(content_type=None)
                     result.ttft_s = None
                     self._usage(result, payload.get("usage") if isinstance(payload, dict) else None)
+                    self._check(item, result, answer_text(payload))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         result.latency_s = time.perf_counter() - t0
         return result
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, result: RequestResult, t0: float) -> None:
+    @staticmethod
+    def _check(item: WorkItem, result: RequestResult, text: str | None) -> None:
+        if item.check is None or result.error is not None:
+            return
+        from policies.edge_quality.checkers import CHECKERS
+
+        probe = expected_probe(item.check, item.expected)
+        result.correct = text is not None and bool(CHECKERS[item.check](probe, text))
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, result: RequestResult, t0: float) -> str | None:
+        """Reads the events to the end; the assembled text of the first choice."""
         done = False
+        parts: list[str] = []
         async for raw in resp.content:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -175,13 +220,16 @@ class Driver:
             event = json.loads(data)
             if isinstance(event, dict) and "error" in event:
                 result.error = _error_text(event)
-                return
+                return None
             if result.ttft_s is None and isinstance(event, dict) and _has_text(event):
                 result.ttft_s = time.perf_counter() - t0
+            if isinstance(event, dict):
+                parts.extend(_delta_texts(event))
             if isinstance(event, dict) and event.get("usage"):
                 self._usage(result, event["usage"])
         if not done:
             result.error = "stream ended without [DONE]"
+        return "".join(parts)
 
     @staticmethod
     def _usage(result: RequestResult, usage: Any) -> None:

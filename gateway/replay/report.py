@@ -46,10 +46,20 @@ def iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _lane_block(results: Sequence[RequestResult]) -> dict[str, Any]:
+def accuracy(results: Sequence[RequestResult]) -> dict[str, Any]:
+    """Checked answers among `results`: how many carried an expected answer, and the share right."""
+    checked = [r for r in results if r.correct is not None]
+    right = sum(1 for r in checked if r.correct)
+    return {"checked": len(checked), "correct": right, "accuracy": round(right / len(checked), 4) if checked else None}
+
+
+def _lane_block(results: Sequence[RequestResult], total: int) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     return {
         "requests": len(results),
+        "share": round(len(results) / total, 4) if total else None,
+        **accuracy(results),
+        "escalated": sum(1 for r in results if r.escalated),
         "errors": len(results) - len(ok),
         "input_tokens": sum(r.input_tokens or 0 for r in ok),
         "output_tokens": sum(r.output_tokens or 0 for r in ok),
@@ -114,6 +124,7 @@ def build_report(
         group = [r for r in results if (r.kind or "unlabelled") == kind]
         kinds[kind] = {
             "requests": len(group),
+            **accuracy(group),
             "errors": sum(1 for r in group if not r.ok),
             "lanes": dict(Counter(r.lane for r in group if r.ok)),
             "cache_hit_rate": cache_hit_rate(group),
@@ -134,7 +145,15 @@ def build_report(
             "latency_ms": distribution_ms([r.latency_s for r in ok]),
             "ttft_ms": distribution_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
         },
-        "lanes": {lane: _lane_block(group) for lane, group in sorted(by_lane.items())},
+        # every saving beside its checked accuracy: what stayed local (cache, edge) and overall
+        "quality": {
+            "overall": accuracy(results),
+            "local": accuracy([r for r in ok if r.lane in AVOIDING_LANES]),
+            "upstream": accuracy([r for r in ok if r.lane == "upstream"]),
+            "local_share": round(sum(1 for r in ok if r.lane in AVOIDING_LANES) / len(results), 4) if results else None,
+            "escalated": sum(1 for r in results if r.escalated),
+        },
+        "lanes": {lane: _lane_block(group, len(results)) for lane, group in sorted(by_lane.items())},
         "kinds": kinds,
         "cost": cost,
         "errors": {
@@ -162,14 +181,23 @@ def format_report(report: dict[str, Any]) -> str:
         f"cache hit rate: {_fmt(totals['cache_hit_rate'], 3)}   upstream tokens avoided: "
         + ", ".join(f"{k} {v}" for k, v in totals["upstream_tokens_avoided"].items()),
         "",
-        f"{'lane':<10}{'reqs':>6}{'err':>5}{'in tok':>9}{'out tok':>9}"
-        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'ttft p50':>10}{'ttft p95':>10}",
+        f"{'lane':<10}{'reqs':>6}{'share':>7}{'err':>5}{'in tok':>9}{'out tok':>9}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'ttft p50':>10}{'ttft p95':>10}{'checked':>9}{'accuracy':>10}",
     ]
     for lane, block in report["lanes"].items():
         lat, ttft = block["latency_ms"], block["ttft_ms"]
         lines.append(
-            f"{lane:<10}{block['requests']:>6}{block['errors']:>5}{block['input_tokens']:>9}{block['output_tokens']:>9}"
-            f"{_fmt(lat['p50']):>9}{_fmt(lat['p95']):>9}{_fmt(lat['p99']):>9}{_fmt(ttft['p50']):>10}{_fmt(ttft['p95']):>10}"
+            f"{lane:<10}{block['requests']:>6}{_fmt(block['share'], 3):>7}{block['errors']:>5}{block['input_tokens']:>9}"
+            f"{block['output_tokens']:>9}{_fmt(lat['p50']):>9}{_fmt(lat['p95']):>9}{_fmt(lat['p99']):>9}"
+            f"{_fmt(ttft['p50']):>10}{_fmt(ttft['p95']):>10}{block['checked']:>9}{_fmt(block['accuracy'], 3):>10}"
+        )
+    quality = report["quality"]
+    if quality["overall"]["checked"]:
+        lines.append(
+            f"checked accuracy: overall {_fmt(quality['overall']['accuracy'], 3)} "
+            f"({quality['overall']['checked']} checked), local {_fmt(quality['local']['accuracy'], 3)} "
+            f"({quality['local']['checked']}), upstream {_fmt(quality['upstream']['accuracy'], 3)}; "
+            f"local share {_fmt(quality['local_share'], 3)}, escalated {quality['escalated']}"
         )
     cost = report["cost"]
     lines.append("")

@@ -26,6 +26,8 @@ class WorkItem:
     kind: str | None = None  # free label from the generator (repeat, paraphrase, simple, hard)
     id: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    expected: Any = None  # the right answer, when the workload carries one
+    check: str | None = None  # the checker that compares an answer with `expected` (policies.edge_quality)
 
     @property
     def path(self) -> str:
@@ -53,6 +55,9 @@ def parse_line(raw: dict[str, Any], index: int, where: str) -> WorkItem:
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise WorkloadError(f"{where}: `headers` must map names to strings")
     body = {"model": "auto", **body}
+    check = raw.get("check")
+    if check is not None:
+        expected_probe(check, raw.get("expected"), where)  # fails here, not mid-replay
     kind = raw.get("kind")
     ident = raw.get("id")
     return WorkItem(
@@ -63,7 +68,28 @@ def parse_line(raw: dict[str, Any], index: int, where: str) -> WorkItem:
         kind=str(kind) if kind is not None else None,
         id=str(ident) if ident is not None else None,
         headers=dict(headers),
+        expected=raw.get("expected"),
+        check=str(check) if check is not None else None,
     )
+
+
+_EXPECTED_KEYS = frozenset({"answer", "aliases", "distractors", "choices"})
+
+
+def expected_probe(check: Any, expected: Any, where: str = "<workload>") -> Any:
+    """The checkable task of a workload line: `check` names a checker of policies.edge_quality,
+    `expected` is the answer (a string) or `{answer, aliases?, distractors?, choices?}`."""
+    from policies.edge_quality.checkers import CHECKERS
+    from policies.edge_quality.probes import Probe
+
+    if not isinstance(check, str) or check not in CHECKERS:
+        raise WorkloadError(f"{where}: unknown checker {check!r}; known: {', '.join(sorted(CHECKERS))}")
+    fields = {"answer": expected} if isinstance(expected, str) else expected
+    if not isinstance(fields, dict) or not isinstance(fields.get("answer"), str) or set(fields) - _EXPECTED_KEYS:
+        raise WorkloadError(f"{where}: `expected` must be a string or an object with a string `answer` "
+                            f"(and optional {', '.join(sorted(_EXPECTED_KEYS - {'answer'}))})")
+    lists = {k: tuple(str(v) for v in fields.get(k) or ()) for k in ("aliases", "distractors", "choices")}
+    return Probe(id="", family="", task="", level=0, split="", prompt="", check=check, answer=fields["answer"], **lists)
 
 
 def read_lines(lines: Iterable[str], source: str = "<workload>") -> list[WorkItem]:

@@ -108,3 +108,36 @@ def test_cli_fails_when_nothing_answers(tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 1
     assert "no request succeeded" in capsys.readouterr().err
     assert not (tmp_path / "o" / "replay.json").exists()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_checkable_lines_report_accuracy_beside_each_lane(gateway: RunningApp, upstream: Any, stream: bool) -> None:
+    """The upstream answers "forty two is the answer": right for one line, wrong for the other."""
+    lines = [
+        json.dumps({"kind": "quiz", "check": "mention", "expected": "forty two",
+                    "body": {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 x 7 in words?"}]}}),
+        json.dumps({"kind": "quiz", "check": "mention", "expected": {"answer": "Paris", "aliases": ["paris, france"]},
+                    "body": {"model": "fake-model", "messages": [{"role": "user", "content": "Capital of France?"}]}}),
+        json.dumps({"kind": "chat", "body": {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}}),
+    ]
+    report = asyncio.run(replay(read_lines(lines), gateway.url, concurrency=1, stream=stream, show_progress=False))
+    quality = report["quality"]
+    assert quality["overall"] == {"checked": 2, "correct": 1, "accuracy": 0.5}
+    assert quality["upstream"] == quality["overall"]
+    assert quality["local"] == {"checked": 0, "correct": 0, "accuracy": None}
+    assert report["lanes"]["upstream"]["accuracy"] == 0.5 and report["lanes"]["upstream"]["share"] == 1.0
+    assert report["kinds"]["chat"]["checked"] == 0
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ({"check": "nope", "expected": "x"}, "unknown checker"),
+    ({"check": "mention"}, "`expected` must be"),
+    ({"check": "mention", "expected": {"answer": 3}}, "`expected` must be"),
+    ({"check": "mention", "expected": {"answer": "a", "typo": 1}}, "`expected` must be"),
+])
+def test_checkable_lines_are_validated_when_read(line: dict[str, Any], message: str) -> None:
+    from gateway.replay.workload import WorkloadError
+
+    raw = json.dumps({**line, "body": {"messages": [{"role": "user", "content": "q"}]}})
+    with pytest.raises(WorkloadError, match=message):
+        read_lines([raw])
