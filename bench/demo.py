@@ -125,6 +125,11 @@ def main() -> int:
         asyncio.run(asyncio.sleep(3))
         status, body = get_json(url + "/v1/shadow")
         report["shadow"] = body["data"] if status == 200 else {"unavailable": f"GET /v1/shadow answered {status}"}
+        # the dashboard as an operator sees it after the replay (headless Debian chromium)
+        from bench.dashboard import browser
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        browser(url, 1, args.out / "dashboard.png")
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise RuntimeError(f"{dead[0].args[2]} exited during the replay (status {dead[0].returncode})")

@@ -2,8 +2,9 @@
 
 Kinds: `repeat` (a question asked earlier in the workload, byte for byte), `paraphrase`
 (GPTCache mock pairs: the origin appears first as a `seed`, the similar wording later),
-`simple` (everyday OpenAssistant prompts) and `hard` (MMLU questions and MATH Level 5
-problems). Arrivals are a Poisson process at `--rate` requests per second. The same seed
+`simple` (everyday OpenAssistant prompts), `hard` (MMLU questions and MATH Level 5
+problems) and `checkable` (held-out edge probes, policies/edge_quality: each line carries its
+`expected` answer and `check`, so the replay reports accuracy beside each lane's savings). Arrivals are a Poisson process at `--rate` requests per second. The same seed
 always writes the same file. `max_tokens` is small: the demo upstream is a 135M CPU model.
 
     .venv/bin/python bench/make_workload.py --out workload.jsonl --requests 200
@@ -22,8 +23,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
-KINDS = ("repeat", "paraphrase", "simple", "hard")
-DEFAULT_SHARES = {"repeat": 0.2, "paraphrase": 0.2, "simple": 0.35, "hard": 0.25}
+KINDS = ("repeat", "paraphrase", "simple", "hard", "checkable")
+DEFAULT_SHARES = {"repeat": 0.2, "paraphrase": 0.15, "simple": 0.3, "hard": 0.2, "checkable": 0.15}
 
 
 class DataMissing(RuntimeError):
@@ -58,6 +59,18 @@ def hard_prompts(data: Path) -> list[str]:
     return [p for p in prompts if len(p) <= 1500]
 
 
+def checkable_tasks() -> list[dict[str, Any]]:
+    """Held-out edge probes (never used in calibration) as workload fields: messages, expected, check."""
+    from policies.edge_quality.probes import load_probes
+
+    return [
+        {"messages": p.messages, "check": p.check,
+         "expected": {"answer": p.answer, "aliases": list(p.aliases), "distractors": list(p.distractors),
+                      "choices": list(p.choices)}}
+        for p in load_probes(split="held_out")
+    ]
+
+
 def paraphrase_pairs(data: Path) -> list[tuple[str, str]]:
     pairs = json.loads(_need(data / "cache" / "gptcache_mock_pairs.json").read_text(encoding="utf-8"))
     return [(p["origin"], p["similar"]) for p in pairs if p.get("origin") and p.get("similar")]
@@ -68,7 +81,7 @@ def counts(total: int, shares: dict[str, float]) -> dict[str, int]:
     norm = sum(shares.values())
     if norm <= 0:
         raise ValueError("at least one share must be positive")
-    exact = {k: total * shares[k] / norm for k in KINDS}
+    exact = {k: total * shares.get(k, 0.0) / norm for k in KINDS}
     out = {k: int(v) for k, v in exact.items()}
     for k in sorted(KINDS, key=lambda k: exact[k] - out[k], reverse=True)[: total - sum(out.values())]:
         out[k] += 1
@@ -111,7 +124,10 @@ def generate(
     pairs = rng.sample(paraphrase_pairs(data), want["paraphrase"])
     seeds_from_simple = min(len(pairs), len(simple))
     simple = simple[: len(simple) - seeds_from_simple]
-    plan: list[tuple[str, str]] = [("simple", t) for t in simple] + [("hard", t) for t in hard]
+    tasks = checkable_tasks()
+    checkable = rng.sample(range(len(tasks)), min(want["checkable"], len(tasks)))
+    plan: list[tuple[str, Any]] = [("simple", t) for t in simple] + [("hard", t) for t in hard]
+    plan += [("checkable", tasks[i]) for i in checkable]
     plan += [("seed", origin) for origin, _ in pairs]
     rng.shuffle(plan)
     # Each paraphrase goes after its origin, at a random later position.
@@ -125,8 +141,14 @@ def generate(
         source = rng.randrange(len(plan))
         plan.insert(rng.randint(source + 1, len(plan)), ("repeat", plan[source][1]))
     at = 0.0
-    for i, (kind, text) in enumerate(plan[:requests]):
-        yield {"id": f"w{i:05d}", "at": round(at, 3), "kind": kind, "body": _body(text, model, max_tokens)}
+    for i, (kind, item) in enumerate(plan[:requests]):
+        record: dict[str, Any] = {"id": f"w{i:05d}", "at": round(at, 3), "kind": kind}
+        if isinstance(item, dict):  # a checkable task: asked as calibrated (one user turn, greedy)
+            body = {"model": model, "messages": item["messages"], "max_tokens": max_tokens, "temperature": 0}
+            record.update(body=body, check=item["check"], expected=item["expected"])
+        else:
+            record["body"] = _body(item, model, max_tokens)
+        yield record
         at += rng.expovariate(rate)
 
 
@@ -151,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("workload.jsonl"))
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--shares", type=_shares, default=DEFAULT_SHARES,
-                        help="e.g. repeat=0.2,paraphrase=0.2,simple=0.35,hard=0.25 (normalised)")
+                        help="e.g. repeat=0.2,paraphrase=0.15,simple=0.3,hard=0.2,checkable=0.15 (normalised)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=4.0, help="mean arrivals per second")
     parser.add_argument("--model", default="auto")

@@ -22,7 +22,7 @@ def data() -> Path:
 
 def test_counts_add_up_and_follow_the_shares() -> None:
     assert counts(200, {"repeat": 0.2, "paraphrase": 0.2, "simple": 0.35, "hard": 0.25}) == {
-        "repeat": 40, "paraphrase": 40, "simple": 70, "hard": 50}
+        "repeat": 40, "paraphrase": 40, "simple": 70, "hard": 50, "checkable": 0}
     assert sum(counts(7, {"repeat": 1, "paraphrase": 1, "simple": 1, "hard": 0}).values()) == 7
     with pytest.raises(ValueError):
         counts(10, {"repeat": 0, "paraphrase": 0, "simple": 0, "hard": 0})
@@ -39,8 +39,10 @@ def test_shares_order_and_determinism(data: Path, tmp_path: Path) -> None:
     assert records != list(generate(data, requests=200, seed=4, max_tokens=16))
     kinds = [r["kind"] for r in records]
     assert len(records) == 200
-    assert kinds.count("repeat") == 40 and kinds.count("paraphrase") == 40 and kinds.count("hard") == 50
-    assert kinds.count("simple") + kinds.count("seed") == 70
+    assert kinds.count("repeat") == 40 and kinds.count("paraphrase") == 30 and kinds.count("hard") == 40
+    assert kinds.count("simple") + kinds.count("seed") == 60 and kinds.count("checkable") == 30
+    checkable = [r for r in records if r["kind"] == "checkable"]
+    assert all(r["check"] and r["expected"]["answer"] for r in checkable)  # the replay can score them
     texts = [r["body"]["messages"][0]["content"] for r in records]
     for i, kind in enumerate(kinds):
         if kind == "repeat":
