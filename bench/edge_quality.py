@@ -82,6 +82,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache", type=Path, default=REPO / ".tierlane" / "cache" / "edge_quality" / "records.jsonl")
     parser.add_argument("--out", default="edge_quality")
+    parser.add_argument("--gateway-tasks", type=int, default=450,
+                        help="of these tasks, how many also go through running gateways (0: skip that part)")
     args = parser.parse_args()
 
     calibration = EdgeCalibration.load(args.artifact)
@@ -114,6 +116,15 @@ def main() -> int:
     }
     if len(sets) > 1:
         report["sets"]["all"] = figures(items, calibration)
+    if args.gateway_tasks:
+        # Through running gateways (model `auto`, an upstream that answers right), the held-out
+        # probes first, then ARC validation questions, up to --gateway-tasks.
+        from bench.edge_quality_gateway import evaluate
+
+        tasks = probes[: args.gateway_tasks]
+        run = asyncio.run(evaluate(tasks, concurrency=8))
+        report["gateway"] = {k: v for k, v in run.items() if k != "records"}
+        report["gateway"]["tasks"] = {name: sum(p.id in {q.id for q in group} for p in tasks) for name, group in sets.items()}
     path = write(args.out, report)
     summary = {name: {"edge_accuracy": r["edge_accuracy"], "prior_cascade": r["policies"]["prior_cascade"]}
                for name, r in report["sets"].items()}

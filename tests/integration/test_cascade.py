@@ -41,8 +41,8 @@ def gateway(make_gateway: Any, llama_upstream: Any, *, prior: dict[str, Any], ta
 
 
 def ask(gw: Any, content: str = QUESTION, *, stream: bool = False, headers: dict[str, str] | None = None,
-        model: str = "auto") -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 16, "temperature": 0,
+        model: str = "auto", max_tokens: int = 16) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
             "stream": stream}
     return httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=180)
 
@@ -131,10 +131,11 @@ def test_pinned_requests_are_never_escalated_and_low_confidence_answers_are_not_
 
 def test_confident_edge_answers_are_cached(make_gateway, llama_upstream):
     gw = gateway(make_gateway, llama_upstream, prior=ALWAYS, target=ALWAYS, cache=True)
-    first = ask(gw)
+    first = ask(gw, max_tokens=128)  # only answers that end on their own ("stop") are cached
     assert first.headers["x-tierlane-lane"].startswith("edge")
+    assert first.json()["choices"][0]["finish_reason"] == "stop"
     for _ in range(20):  # admission runs after the answer, off the response path
-        second = ask(gw)
+        second = ask(gw, max_tokens=128)
         if second.headers.get("x-tierlane-cache") == "hit":
             break
     assert second.headers.get("x-tierlane-cache") == "hit"
