@@ -71,24 +71,35 @@ def _finite(value: float) -> float | None:
     return None if not np.isfinite(value) else float(value)
 
 
-def gap_curve(scores: np.ndarray, weak_correct: np.ndarray, strong_correct: np.ndarray) -> GapCurve:
-    """The curve over every distinct score; prompts with equal scores move to strong together."""
+def gap_curve(
+    scores: np.ndarray, weak_correct: np.ndarray, strong_correct: np.ndarray, weights: np.ndarray | None = None
+) -> GapCurve:
+    """The curve over every distinct score; prompts with equal scores move to strong together.
+
+    `weak_correct` / `strong_correct` are per-prompt qualities (0/1 correctness, or a graded
+    quality such as a judge's win probability). `weights` (default: all 1) weigh prompts in
+    every share and mean, e.g. to give each data source an equal say in a pooled curve.
+    """
     scores = np.asarray(scores, dtype=np.float64)
     weak = np.asarray(weak_correct, dtype=np.float64)
     strong = np.asarray(strong_correct, dtype=np.float64)
     if not (scores.shape == weak.shape == strong.shape) or scores.ndim != 1 or scores.size == 0:
         raise ValueError("scores, weak_correct and strong_correct must be equal-length, non-empty 1-d arrays")
-    n = scores.size
-    weak_q, strong_q = float(weak.mean()), float(strong.mean())
+    w = np.ones_like(scores) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != scores.shape or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be non-negative, one per score, and not all zero")
+    total = float(w.sum())
+    weak_q, strong_q = float(w @ weak / total), float(w @ strong / total)
     if strong_q <= weak_q:
         raise ValueError(f"the strong model must beat the weak one (strong {strong_q:.3f} <= weak {weak_q:.3f})")
     order = np.argsort(-scores, kind="stable")
-    gain = np.cumsum((strong - weak)[order])
+    gain = np.cumsum((w * (strong - weak))[order])
+    mass = np.cumsum(w[order])
     sorted_scores = scores[order]
     # The last index of each run of equal scores: the threshold admits the whole run.
-    ends = np.append(np.flatnonzero(np.diff(sorted_scores) != 0), n - 1)
-    share = np.concatenate([[0.0], (ends + 1) / n])
-    quality = np.concatenate([[weak_q], weak_q + gain[ends] / n])
+    ends = np.append(np.flatnonzero(np.diff(sorted_scores) != 0), scores.size - 1)
+    share = np.concatenate([[0.0], mass[ends] / total])
+    quality = np.concatenate([[weak_q], weak_q + gain[ends] / total])
     threshold = np.concatenate([[np.inf], sorted_scores[ends]])
     pgr = (quality - weak_q) / (strong_q - weak_q)
     return GapCurve(threshold, share, quality, pgr, weak_q, strong_q)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from policies.errors import InvalidInput
 from policies.router.artifact import RouterArtifactError
 from policies.router.features import Prompt, last_user_text
 
@@ -35,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ev.add_argument("--plot", type=Path, default=None, help="PNG of quality vs strong share")
     ev.set_defaults(func=_eval)
 
-    score = sub.add_parser("score", help='read {"prompt": ...} or {"messages": [...]} lines, write {"score": p}')
+    score = sub.add_parser("score", help='read {"prompt": ...} or {"messages": [...]} lines, write {"score": p} '
+                                         "as the gateway computes it (same text, embedding backend and Router.score)")
     score.add_argument("--artifact", type=Path, default=None, help="artifact dir (default: the shipped model)")
     score.set_defaults(func=_score)
 
@@ -67,8 +69,9 @@ def _train(args: argparse.Namespace) -> int:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     test = manifest["metrics"]["held_out_test"]
-    print(json.dumps({"model": manifest["model"]["name"], "auc": test["auc"], "apgr": test["apgr"],
-                      "cpt50": test["cpt50"], "cpt80": test["cpt80"], "out": str(args.out) if args.out else None}))
+    summary = {src: {k: test[src].get(k) for k in ("auc", "apgr", "cpt50", "mean_within_subject_auc") if k in test[src]}
+               for src in test}
+    print(json.dumps({"model": manifest["model"]["name"], "held_out": summary, "out": str(args.out) if args.out else None}))
     return 0
 
 
@@ -107,8 +110,25 @@ def parse_score_line(line: str, number: int) -> Prompt:
     raise ValueError(f'line {number}: expected {{"prompt": "..."}} or {{"messages": [{{"role": ..., "content": ...}}]}}')
 
 
+def served_text(prompt: Prompt) -> str:
+    """The text the gateway embeds for this prompt: embedding_text of the request body (the last
+    user turn, normalised, cut at 4000 chars), or the raw last user text when that is empty."""
+    from policies.cache.scope import embedding_text
+
+    body: dict[str, Any] = {"prompt": prompt} if isinstance(prompt, str) else {"messages": list(prompt)}
+    try:
+        text = embedding_text(body)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    return text or last_user_text(prompt)
+
+
 def score_stream(lines: Iterable[str], out: TextIO, router: Any, embed: Any, batch: int = 64) -> int:
-    """Score JSON lines in batches; returns how many were written."""
+    """Score JSON lines in batches; returns how many were written.
+
+    Each score is `router.score(prompt, embedding)`, the call the gateway's route stage makes,
+    on the embedding of the text the gateway embeds (`served_text`).
+    """
     prompts: list[Prompt] = []
     written = 0
 
@@ -116,9 +136,9 @@ def score_stream(lines: Iterable[str], out: TextIO, router: Any, embed: Any, bat
         nonlocal written
         if not prompts:
             return
-        vectors = embed([last_user_text(p) for p in prompts])
-        for p in router.score_batch(prompts, vectors):
-            out.write(json.dumps({"score": round(float(p), 6)}) + "\n")
+        vectors = embed([served_text(p) for p in prompts])
+        for prompt, vector in zip(prompts, vectors):
+            out.write(json.dumps({"score": round(router.score(prompt, vector), 6)}) + "\n")
         written += len(prompts)
         prompts.clear()
 

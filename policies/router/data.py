@@ -55,6 +55,87 @@ class MMLUData:
         return MMLUData([self.prompts[i] for i in idx], self.subjects[idx], self.weak[idx], self.strong[idx])
 
 
+# AlpacaEval: per-model preferences of GPT-4-turbo between a model's answer and the reference
+# answer of gpt4_1106_preview (1.0 = reference clearly better, 2.0 = model clearly better).
+ALPACA_FILE = "alpaca_eval_805_per_model_preferences.jsonl"
+ALPACA_REFERENCE = "gpt4_1106_preview"
+# The routing pair on AlpacaEval: a 1B model, the size of an edge model, against the reference.
+ALPACA_WEAK = "FuseChat-Llama-3.2-1B-Instruct"
+# "Strong needed": the judge prefers the reference with probability >= 0.75 (pref <= 1.25).
+ALPACA_CLEAR_LOSS = 1.25
+# Small and mid-sized models whose averaged preference is the "panel" training target.
+ALPACA_PANEL = (
+    "FuseChat-Llama-3.2-1B-Instruct",
+    "FuseChat-Llama-3.2-3B-Instruct",
+    "Mixtral-8x7B-Instruct-v0.1_concise",
+    "gemma-7b-it",
+    "gpt-3.5-turbo-1106",
+    "OpenHermes-2.5-Mistral-7B",
+)
+
+
+@dataclass(slots=True)
+class AlpacaData:
+    """AlpacaEval instructions, their source data set, and the judge's preferences per model.
+
+    The routing view mirrors MMLU's: `weak` is the weak model's quality on a prompt, the judge's
+    probability that its answer beats the reference (pref - 1); `strong` is the reference's own,
+    0.5 (a tie with itself). Their means are AlpacaEval win rates, so PGR and APGR read as
+    "share of the win-rate gap recovered".
+    """
+
+    prompts: list[str]
+    subjects: np.ndarray  # the source data set (selfinstruct, oasst, koala, helpful_base, vicuna)
+    prefs: dict[str, np.ndarray]
+
+    @property
+    def weak(self) -> np.ndarray:
+        return np.asarray(self.prefs[ALPACA_WEAK] - 1.0, dtype=np.float64)
+
+    @property
+    def strong(self) -> np.ndarray:
+        return np.full(len(self.prompts), 0.5)
+
+    @property
+    def label(self) -> np.ndarray:
+        """1 where the strong model is needed: the weak model clearly loses to the reference."""
+        return np.asarray(self.prefs[ALPACA_WEAK] <= ALPACA_CLEAR_LOSS, dtype=np.int64)
+
+    def target(self, kind: str) -> np.ndarray:
+        """A training target in [0, 1]: "weak" (P(reference better)), "panel" (its mean over ALPACA_PANEL), "binary"."""
+        if kind == "weak":
+            return np.asarray(2.0 - self.prefs[ALPACA_WEAK], dtype=np.float64)
+        if kind == "panel":
+            return np.asarray(np.mean([2.0 - self.prefs[m] for m in ALPACA_PANEL], axis=0), dtype=np.float64)
+        if kind == "binary":
+            return self.label.astype(np.float64)
+        raise ValueError(f"unknown AlpacaEval target {kind!r}; expected weak, panel or binary")
+
+    def take(self, idx: np.ndarray) -> AlpacaData:
+        return AlpacaData([self.prompts[i] for i in idx], self.subjects[idx], {k: v[idx] for k, v in self.prefs.items()})
+
+
+def load_alpaca(data_dir: Path) -> AlpacaData:
+    """The 805 AlpacaEval instructions with every model's preference against the reference."""
+    prompts: list[str] = []
+    sources: list[str] = []
+    rows: list[dict[str, float]] = []
+    with (data_dir / "router" / ALPACA_FILE).open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                prompts.append(row["instruction"])
+                sources.append(row["dataset"])
+                rows.append(row["pref_vs_gpt4_1106_preview"])
+    needed = {ALPACA_WEAK, *ALPACA_PANEL}
+    missing = sorted(m for m in needed if any(m not in r for r in rows))
+    if missing:
+        raise ValueError(f"{ALPACA_FILE}: rows without a preference for {', '.join(missing)}")
+    models = sorted(set.intersection(*(set(r) for r in rows))) if rows else []
+    prefs = {m: np.asarray([float(r[m]) for r in rows]) for m in models}
+    return AlpacaData(prompts, np.asarray(sources), prefs)
+
+
 def _bool(value: str, where: str) -> int:
     v = value.strip().lower()
     if v in ("true", "1"):
@@ -235,3 +316,14 @@ def mmlu_embeddings(
     texts = [runtime_text(p) for p in mmlu.prompts]
     wanted = sorted(set(mmlu.subjects.tolist())) if subjects is None else subjects
     return grouped_embeddings(texts, mmlu.subjects, wanted, encoder or RuntimeEncoder(), cache_dir, EMBED_TAG)
+
+
+def embed_all(texts: list[str], encoder: Encoder, cache_dir: Path, label: str) -> np.ndarray:
+    """`texts` as one-turn requests, embedded the gateway's way (cached under `label`)."""
+    runtime = [runtime_text(t) for t in texts]
+    return grouped_embeddings(runtime, np.full(len(runtime), "all"), ["all"], encoder, cache_dir, label)
+
+
+def alpaca_embeddings(alpaca: AlpacaData, cache_dir: Path, encoder: Encoder | None = None) -> np.ndarray:
+    """AlpacaEval instructions embedded the gateway's way (cached)."""
+    return embed_all(alpaca.prompts, encoder or RuntimeEncoder(), cache_dir, f"alpaca-rt{RUNTIME_MAX_SEQ_LENGTH}")

@@ -33,6 +33,12 @@ class Router:
     default_threshold: float
     manifest: dict[str, Any]
     fast: FlatForest | FlatMLP | None = None  # numpy copy of the estimator for one-row scoring
+    # Linear models with a format gate: when text feature `gate_index` is 1 (e.g. a multiple-choice
+    # question), g_emb·e + g_text·f + g_bias is added to the shared log-odds.
+    gate_index: int | None = None
+    g_emb: np.ndarray | None = None
+    g_text: np.ndarray | None = None
+    g_bias: float = 0.0
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Router:
@@ -64,6 +70,17 @@ class Router:
             w_text = np.ascontiguousarray(p["w_text"], dtype=np.float64)
             if w_emb.shape != (dimension,) or w_text.shape != (len(FEATURE_NAMES),):
                 raise RouterArtifactError("router artifact coefficients do not match its dimensions")
+        gate_index: int | None = None
+        g_emb = g_text = None
+        g_bias = 0.0
+        gate = p.get("gate")
+        if kind == "linear" and gate is not None:
+            gate_index = int(gate["feature"])
+            g_emb = np.ascontiguousarray(gate["w_emb"], dtype=np.float32)
+            g_text = np.ascontiguousarray(gate["w_text"], dtype=np.float64)
+            g_bias = float(gate["bias"])
+            if g_emb.shape != (dimension,) or g_text.shape != (len(FEATURE_NAMES),) or not 0 <= gate_index < len(FEATURE_NAMES):
+                raise RouterArtifactError("router artifact gate coefficients do not match its dimensions")
         slope, offset = p.get("platt", (1.0, 0.0))
         fast: FlatForest | FlatMLP | None = None
         estimator = p.get("estimator")
@@ -85,6 +102,10 @@ class Router:
             default_threshold=default_threshold,
             manifest=manifest,
             fast=fast,
+            gate_index=gate_index,
+            g_emb=g_emb,
+            g_text=g_text,
+            g_bias=g_bias,
         )
 
     def _embedding(self, embedding: Any) -> np.ndarray:
@@ -100,6 +121,9 @@ class Router:
         if self.kind == "linear":
             assert self.w_emb is not None and self.w_text is not None
             z = float(self.w_emb @ vec) + float(self.w_text @ feats) + self.bias
+            if self.gate_index is not None and feats[self.gate_index] > 0.5:
+                assert self.g_emb is not None and self.g_text is not None
+                z += float(self.g_emb @ vec) + float(self.g_text @ feats) + self.g_bias
             return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
         if self.fast is not None:
             # sklearn's per-call overhead (validation, thread pools) is milliseconds; the walk is microseconds.
@@ -117,6 +141,10 @@ class Router:
         if self.kind == "linear":
             assert self.w_emb is not None and self.w_text is not None
             z = emb.astype(np.float64) @ self.w_emb.astype(np.float64) + feats @ self.w_text + self.bias
+            if self.gate_index is not None:
+                assert self.g_emb is not None and self.g_text is not None
+                on = feats[:, self.gate_index] > 0.5
+                z = z + on * (emb.astype(np.float64) @ self.g_emb.astype(np.float64) + feats @ self.g_text + self.g_bias)
             return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -700, 700))), dtype=np.float64)
         return self._sklearn(emb, feats)
 

@@ -1,4 +1,12 @@
-"""Train the router: compare candidates on subject-held-out folds, calibrate, and write the artifact."""
+"""Train the router on MMLU and AlpacaEval: compare candidates on held-out groups, calibrate, write the artifact.
+
+Splits (fixed, seeded):
+- test: whole MMLU subjects (`split_subjects`, seed 13, ~20 % of rows) and whole AlpacaEval
+  sources (ALPACA_TEST_SOURCES). Never used for selection, calibration or tuning: reported only.
+- selection: out-of-fold scores on the rest (dev), from GroupKFold over MMLU subjects and
+  AlpacaEval sources, so every dev score comes from a model that never saw that row's group.
+  Candidates are ranked, the Platt map is fitted and the strong-share curve is measured there.
+"""
 
 from __future__ import annotations
 
@@ -16,31 +24,42 @@ from tqdm import tqdm
 
 from policies.embedder import DIMENSION
 from policies.router.artifact import save_artifact
-from policies.router.calibration import gap_curve, threshold_for_target
+from policies.router.calibration import GapCurve, gap_curve, threshold_for_target
 from policies.router.candidates import Candidate, Fitted, TrainSet, decision, default_candidates, fit_candidate
 from policies.router.data import (
+    ALPACA_CLEAR_LOSS,
+    ALPACA_FILE,
+    ALPACA_PANEL,
+    ALPACA_REFERENCE,
+    ALPACA_WEAK,
     EMBEDDING_MODEL_NAME,
     PER_SUBJECT,
     RUNTIME_MAX_SEQ_LENGTH,
+    STRONG_COLUMN,
     SUBJECT_SEED,
-    Encoder,
+    WEAK_COLUMN,
+    AlpacaData,
     MMLUData,
     RuntimeEncoder,
-    grouped_embeddings,
+    alpaca_embeddings,
+    embed_all,
+    load_alpaca,
     load_everyday,
     load_math,
     load_mmlu,
     mmlu_embeddings,
-    runtime_text,
     subject_sample,
 )
-from policies.router.evaluate import routing_metrics, target_checks
+from policies.router.evaluate import pooled_target_checks, routing_metrics, target_checks, within_group_auc
 from policies.router.features import text_feature_matrix
 
 log = logging.getLogger(__name__)
 
-# The target the shipped default threshold meets on held-out subjects ("keep 95% of strong quality").
-DEFAULT_TARGET = ("min_strong_quality", 0.95)
+# The target the shipped default threshold meets on the selection curve (policies/defaults/router.yaml).
+DEFAULT_TARGET = ("max_strong_share", 0.3)
+# Whole AlpacaEval sources kept out of training and selection, reported as the held-out test.
+# vicuna's 80 prompts span MT-Bench-like categories (math, coding, fermi, roleplay, writing).
+ALPACA_TEST_SOURCES = ("koala", "vicuna")
 
 
 @dataclass(slots=True)
@@ -58,16 +77,30 @@ class TrainConfig:
 
 @dataclass(slots=True)
 class Corpus:
-    """Everything embedded once: MMLU with labels, MATH with levels, everyday prompts."""
+    """Everything embedded once: MMLU and AlpacaEval with labels, MATH with levels, everyday prompts."""
 
     mmlu: MMLUData
     emb: np.ndarray
     txt: np.ndarray
+    alpaca: AlpacaData
+    alpaca_emb: np.ndarray
+    alpaca_txt: np.ndarray
     math_emb: np.ndarray
     math_txt: np.ndarray
     math_level: np.ndarray
     everyday: list[str]
     everyday_emb: np.ndarray
+
+
+@dataclass(slots=True)
+class Split:
+    """Row indices of each source's dev (selection) and test part."""
+
+    m_dev: np.ndarray
+    m_test: np.ndarray
+    a_dev: np.ndarray
+    a_test: np.ndarray
+    test_subjects: list[str]
 
 
 # MATH is an auxiliary signal; a seeded sample keeps its embedding pass short on 2 cores.
@@ -82,25 +115,25 @@ def math_sample(data_dir: Path) -> tuple[list[str], np.ndarray]:
     return [problems[i] for i in keep], levels[keep]
 
 
-def _embed_all(texts: list[str], encoder: Encoder, cache_dir: Path, label: str) -> np.ndarray:
-    runtime = [runtime_text(t) for t in texts]
-    return grouped_embeddings(runtime, np.full(len(runtime), "all"), ["all"], encoder, cache_dir, label)
-
-
 def load_corpus(data_dir: Path, cache_dir: Path) -> Corpus:
     """Read the shared data and embed it the way the gateway does (cached after the first run)."""
     mmlu = subject_sample(load_mmlu(data_dir))
+    alpaca = load_alpaca(data_dir)
     problems, levels = math_sample(data_dir)
     everyday = load_everyday(data_dir)
     encoder = RuntimeEncoder()
-    emb = mmlu_embeddings(mmlu, cache_dir, encoder=encoder)
     tag = f"rt{RUNTIME_MAX_SEQ_LENGTH}"
-    math_emb = _embed_all(problems, encoder, cache_dir, f"math-{tag}")
-    everyday_emb = _embed_all(everyday, encoder, cache_dir, f"everyday-{tag}")
+    alpaca_emb = alpaca_embeddings(alpaca, cache_dir, encoder)
+    emb = mmlu_embeddings(mmlu, cache_dir, encoder=encoder)
+    everyday_emb = embed_all(everyday, encoder, cache_dir, f"everyday-{tag}")
+    math_emb = embed_all(problems, encoder, cache_dir, f"math-{tag}")
     return Corpus(
         mmlu=mmlu,
         emb=emb,
         txt=text_feature_matrix(mmlu.prompts),
+        alpaca=alpaca,
+        alpaca_emb=alpaca_emb,
+        alpaca_txt=text_feature_matrix(alpaca.prompts),
         math_emb=math_emb,
         math_txt=text_feature_matrix(problems),
         math_level=levels,
@@ -123,27 +156,73 @@ def split_subjects(subjects: np.ndarray, test_fraction: float, seed: int) -> lis
     return sorted(chosen)
 
 
-def _trainset(c: Corpus, idx: np.ndarray) -> TrainSet:
+def make_split(c: Corpus, cfg: TrainConfig) -> Split:
+    test_subjects = split_subjects(c.mmlu.subjects, cfg.test_fraction, cfg.seed)
+    m_test = np.isin(c.mmlu.subjects, test_subjects)
+    a_test = np.isin(c.alpaca.subjects, list(ALPACA_TEST_SOURCES))
+    return Split(np.flatnonzero(~m_test), np.flatnonzero(m_test), np.flatnonzero(~a_test), np.flatnonzero(a_test),
+                 test_subjects)
+
+
+def assemble(cand: Candidate, c: Corpus, m_idx: np.ndarray, a_idx: np.ndarray) -> TrainSet:
+    """The rows one fit of `cand` trains on: MMLU rows, AlpacaEval rows (weighted), MATH rows if asked."""
     m = c.mmlu
-    return TrainSet(
-        emb=c.emb[idx],
-        txt=c.txt[idx],
-        label=m.label[idx],
-        weak_wrong=(m.weak[idx] == 0).astype(np.int64),
-        gain=(m.strong[idx] - m.weak[idx]).astype(np.int64),
-        math_emb=c.math_emb,
-        math_txt=c.math_txt,
-        math_level=c.math_level,
-    )
+    by_subject = cand.fe == "subject"
+    emb = [c.emb[m_idx]]
+    txt = [c.txt[m_idx]]
+    target = [mmlu_target(m, cand.mmlu_target)[m_idx]]
+    weight = [np.ones(len(m_idx))]
+    domain = [np.char.add("mmlu:", m.subjects[m_idx].astype(str))]
+    group = [domain[0] if by_subject else np.full(len(m_idx), "mmlu")]
+    if cand.alpaca_weight > 0 and len(a_idx):
+        emb.append(c.alpaca_emb[a_idx])
+        txt.append(c.alpaca_txt[a_idx])
+        target.append(c.alpaca.target(cand.alpaca_label)[a_idx])
+        weight.append(np.full(len(a_idx), cand.alpaca_weight))
+        domain.append(np.char.add("alpaca:", c.alpaca.subjects[a_idx].astype(str)))
+        group.append(domain[-1] if by_subject else np.full(len(a_idx), "alpaca"))
+    if cand.math_weight > 0:
+        # Even rows train, odd rows stay out for the MATH-level diagnostic in the manifest.
+        keep = (c.math_level != 3) & (np.arange(len(c.math_level)) % 2 == 0)
+        emb.append(c.math_emb[keep])
+        txt.append(c.math_txt[keep])
+        target.append((c.math_level[keep] >= 4).astype(np.float64))
+        weight.append(np.full(int(keep.sum()), cand.math_weight))
+        group.append(np.full(int(keep.sum()), "math"))
+        domain.append(group[-1])
+    return TrainSet(emb=np.vstack(emb), txt=np.vstack(txt), target=np.concatenate(target),
+                    weight=np.concatenate(weight), group=np.concatenate(group), domain=np.concatenate(domain))
 
 
-def out_of_fold(candidate: Candidate, c: Corpus, dev: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """Scores for every dev row from a model that never saw that row's subject."""
-    scores = np.zeros(len(dev))
-    for fit_idx, pred_idx in GroupKFold(n_splits=folds).split(dev, groups=c.mmlu.subjects[dev]):
-        fitted = fit_candidate(candidate, _trainset(c, dev[fit_idx]), seed)
-        scores[pred_idx] = decision(fitted, c.emb[dev[pred_idx]], c.txt[dev[pred_idx]])
-    return scores
+def mmlu_target(m: MMLUData, kind: str) -> np.ndarray:
+    """The MMLU training target in [0, 1] (see Candidate.mmlu_target)."""
+    if kind == "strong_needed":
+        return m.label.astype(np.float64)
+    if kind == "gain":
+        return np.asarray((m.strong - m.weak + 1) / 2.0, dtype=np.float64)
+    if kind == "weak_wrong":
+        return np.asarray(m.weak == 0, dtype=np.float64)
+    raise ValueError(f"unknown MMLU target {kind!r}; expected strong_needed, gain or weak_wrong")
+
+
+def out_of_fold(cand: Candidate, c: Corpus, m_idx: np.ndarray, a_idx: np.ndarray, folds: int, seed: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Scores for every given MMLU and AlpacaEval row from a model that never saw that row's group.
+
+    Groups are MMLU subjects and AlpacaEval sources, folded together (GroupKFold, deterministic).
+    """
+    groups = np.concatenate([c.mmlu.subjects[m_idx].astype(str), np.char.add("alpaca:", c.alpaca.subjects[a_idx].astype(str))])
+    n_m = len(m_idx)
+    m_scores, a_scores = np.zeros(n_m), np.zeros(len(a_idx))
+    for fit_rows, pred_rows in GroupKFold(n_splits=folds).split(groups, groups=groups):
+        fit_m, fit_a = m_idx[fit_rows[fit_rows < n_m]], a_idx[fit_rows[fit_rows >= n_m] - n_m]
+        fitted = fit_candidate(cand, assemble(cand, c, fit_m, fit_a), seed)
+        pm, pa = pred_rows[pred_rows < n_m], pred_rows[pred_rows >= n_m] - n_m
+        if len(pm):
+            m_scores[pm] = decision(fitted, c.emb[m_idx[pm]], c.txt[m_idx[pm]])
+        if len(pa):
+            a_scores[pa] = decision(fitted, c.alpaca_emb[a_idx[pa]], c.alpaca_txt[a_idx[pa]])
+    return m_scores, a_scores
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -151,116 +230,194 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.asarray(np.log(p / (1 - p)), dtype=np.float64)
 
 
-def _platt(raw: np.ndarray, label: np.ndarray, logits: bool) -> tuple[float, float]:
-    """Slope and offset mapping a raw score to a calibrated log-odds."""
-    z = raw if logits else _logit(raw)
-    lr = LogisticRegression(C=1e6, max_iter=1000).fit(z[:, None], label)
-    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
-
-
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -700, 700))), dtype=np.float64)
 
 
-def _ship_params(fitted: Fitted, slope: float, offset: float, c: Corpus) -> dict[str, Any]:
+def source_weights(n_mmlu: int, n_alpaca: int) -> np.ndarray:
+    """Row weights giving MMLU and AlpacaEval half of the total each (pooled curves and Platt)."""
+    return np.concatenate([np.full(n_mmlu, 0.5 / max(n_mmlu, 1)), np.full(n_alpaca, 0.5 / max(n_alpaca, 1))])
+
+
+def platt(raw: np.ndarray, label: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """Slope and offset mapping a raw log-odds to a calibrated one (sources weighted equally)."""
+    lr = LogisticRegression(C=1e6, max_iter=1000).fit(raw[:, None], label, sample_weight=weights * len(raw))
+    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+
+
+def pooled_curve(m_prob: np.ndarray, m: MMLUData, a_prob: np.ndarray, a: AlpacaData) -> GapCurve:
+    """The strong-share/quality curve of both sources pooled, each weighing half.
+
+    Qualities are divided by the strong model's mean on their own source (MMLU accuracy,
+    AlpacaEval win rate), so `quality` reads as "fraction of the strong model's quality",
+    averaged over the two sources, and `share` as the average strong share.
+    """
+    m_strong, a_strong = float(m.strong.mean()), float(a.strong.mean())
+    return gap_curve(
+        np.concatenate([m_prob, a_prob]),
+        np.concatenate([m.weak / m_strong, a.weak / a_strong]),
+        np.concatenate([m.strong / m_strong, a.strong / a_strong]),
+        weights=source_weights(len(m_prob), len(a_prob)),
+    )
+
+
+def _ship_params(fitted: Fitted, slope: float, offset: float, dimension: int) -> dict[str, Any]:
     if fitted.linear is not None:
         w_emb, w_text, b = fitted.linear
-        return {
+        params: dict[str, Any] = {
             "kind": "linear",
-            "dimension": int(c.emb.shape[1]),
+            "dimension": dimension,
             "w_emb": (slope * w_emb).astype(np.float32),
             "w_text": slope * w_text,
             "bias": slope * b + offset,
             "estimator": None,
         }
+        if fitted.gated is not None:
+            col, v_emb, v_text, v_b = fitted.gated
+            params["gate"] = {"feature": int(col), "w_emb": (slope * v_emb).astype(np.float32),
+                              "w_text": slope * v_text, "bias": slope * v_b}
+        return params
     # Non-linear models keep sklearn on the hot path, with the same Platt map over their log-odds.
-    return {"kind": "sklearn", "dimension": int(c.emb.shape[1]), "estimator": fitted.estimator,
+    return {"kind": "sklearn", "dimension": dimension, "estimator": fitted.estimator,
             "features": fitted.candidate.features, "platt": (slope, offset), "bias": 0.0}
+
+
+def _as_logits(fitted: Fitted, raw: np.ndarray) -> np.ndarray:
+    return raw if fitted.linear is not None else _logit(raw)
+
+
+def _candidate_row(cand: Candidate, m_oof: np.ndarray, a_oof: np.ndarray, c: Corpus, s: Split, seconds: float
+                   ) -> dict[str, Any]:
+    m_dev, a_dev = c.mmlu.take(s.m_dev), c.alpaca.take(s.a_dev)
+    mm = routing_metrics(m_oof, m_dev)
+    am = routing_metrics(a_oof, a_dev)
+    return {
+        "name": cand.name, "family": cand.family, "features": cand.features, "c": cand.c, "fe": cand.fe,
+        "mmlu_target": cand.mmlu_target, "alpaca_weight": cand.alpaca_weight, "alpaca_label": cand.alpaca_label, "math_weight": cand.math_weight, "gate": cand.gate, "neutral": cand.neutral,
+        "shippable": cand.shippable, "note": cand.note,
+        "selection": {
+            "mmlu": {k: mm[k] for k in ("auc", "apgr", "cpt50", "cpt80")}
+            | {"mean_within_subject_auc": within_group_auc(m_oof, m_dev)},
+            "alpaca": {k: am[k] for k in ("auc", "apgr", "cpt50", "cpt80")},
+            "mean_apgr": round((mm["apgr"] + am["apgr"]) / 2, 4),
+            "share_spread_at_0.3": share_spread(m_oof, m_dev, a_oof, a_dev, 0.3),
+        },
+        "seconds": round(seconds, 1),
+    }
+
+
+def share_spread(m_scores: np.ndarray, m: MMLUData, a_scores: np.ndarray, a: AlpacaData, share: float) -> float:
+    """RMS over domains (MMLU subjects, AlpacaEval sources) of (domain's strong share - `share`) at the
+    threshold that sends `share` of both sources pooled (each weighing half): how far a share
+    target drifts when traffic comes from one domain."""
+    scores = np.concatenate([m_scores, a_scores])
+    domains = np.concatenate([np.char.add("m:", m.subjects.astype(str)), np.char.add("a:", a.subjects.astype(str))])
+    w = source_weights(len(m_scores), len(a_scores))
+    order = np.argsort(-scores, kind="stable")
+    cut = scores[order][min(int(np.searchsorted(np.cumsum(w[order]) / w.sum(), share)), len(scores) - 1)]
+    errors = [float((scores[domains == g] >= cut).mean()) - share for g in np.unique(domains)]
+    return round(float(np.sqrt(np.mean(np.square(errors)))), 4)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run the whole comparison; write the artifact when `cfg.out` is set; return the manifest body."""
     started = time.perf_counter()
-    corpus = load_corpus(cfg.data_dir, cfg.cache_dir)
-    if corpus.emb.shape[1] != DIMENSION:
-        raise ValueError(f"embeddings are {corpus.emb.shape[1]}-d, expected {DIMENSION}")
-    m = corpus.mmlu
-    test_subjects = split_subjects(m.subjects, cfg.test_fraction, cfg.seed)
-    is_test = np.isin(m.subjects, test_subjects)
-    dev, test = np.flatnonzero(~is_test), np.flatnonzero(is_test)
+    c = load_corpus(cfg.data_dir, cfg.cache_dir)
+    if c.emb.shape[1] != DIMENSION:
+        raise ValueError(f"embeddings are {c.emb.shape[1]}-d, expected {DIMENSION}")
+    s = make_split(c, cfg)
     candidates = [k for k in default_candidates() if not cfg.only or k.name in cfg.only]
     if not candidates:
         raise ValueError(f"--only matched no candidate; known: {', '.join(k.name for k in default_candidates())}")
 
     rows: list[dict[str, Any]] = []
-    oof: dict[str, np.ndarray] = {}
-    fitted_all: dict[str, Fitted] = {}
+    oof: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     # NOTE: single-threaded BLAS/OpenMP: on a small shared machine extra threads spin and slow every fit.
-    limits = threadpool_limits(limits=1)
-    for cand in tqdm(candidates, desc="candidates", unit="model"):
-        t0 = time.perf_counter()
-        oof[cand.name] = out_of_fold(cand, corpus, dev, cfg.folds, cfg.seed)
-        fitted_all[cand.name] = fit_candidate(cand, _trainset(corpus, dev), cfg.seed)
-        test_raw = decision(fitted_all[cand.name], corpus.emb[test], corpus.txt[test])
-        rows.append({
-            "name": cand.name, "family": cand.family, "features": cand.features, "target": cand.target,
-            "aux": cand.aux, "shippable": cand.shippable, "note": cand.note,
-            "dev_oof": routing_metrics(oof[cand.name], m.take(dev)),
-            "test": routing_metrics(test_raw, m.take(test)),
-            "seconds": round(time.perf_counter() - t0, 2),
-        })
+    with threadpool_limits(limits=1):
+        for cand in tqdm(candidates, desc="candidates (selection folds)", unit="model"):
+            t0 = time.perf_counter()
+            oof[cand.name] = out_of_fold(cand, c, s.m_dev, s.a_dev, cfg.folds, cfg.seed)
+            rows.append(_candidate_row(cand, *oof[cand.name], c, s, time.perf_counter() - t0))
+        # Selection reads only the selection folds; the test subjects and sources stay unseen until the report.
+        ranked = sorted((r for r in rows if r["shippable"]),
+                        key=lambda r: (r["selection"]["mean_apgr"], r["selection"]["mmlu"]["mean_within_subject_auc"]),
+                        reverse=True)
+        best = next(k for k in candidates if k.name == ranked[0]["name"])
+        chosen = fit_candidate(best, assemble(best, c, s.m_dev, s.a_dev), cfg.seed)
 
-    # Selection looks only at dev out-of-fold figures; the test subjects stay unseen until the report.
-    ranked = sorted((r for r in rows if r["shippable"]),
-                    key=lambda r: (r["dev_oof"]["apgr"], r["dev_oof"]["auc"]), reverse=True)
-    best = ranked[0]["name"]
-    chosen = fitted_all[best]
-    # A steadier figure than one test split: every subject held out once, same configuration.
-    everything = np.arange(len(m.prompts))
-    all_cv = routing_metrics(out_of_fold(chosen.candidate, corpus, everything, cfg.folds, cfg.seed), m)
-    limits.restore_original_limits()
-    slope, offset = _platt(oof[best], m.label[dev], logits=chosen.linear is not None)
-    params = _ship_params(chosen, slope, offset, corpus)
+    m_oof, a_oof = oof[best.name]
+    m_dev, a_dev = c.mmlu.take(s.m_dev), c.alpaca.take(s.a_dev)
+    dev_logits = _as_logits(chosen, np.concatenate([m_oof, a_oof]))
+    dev_label = np.concatenate([m_dev.label, a_dev.label])
+    slope, offset = platt(dev_logits, dev_label, source_weights(len(m_oof), len(a_oof)))
+    params = _ship_params(chosen, slope, offset, int(c.emb.shape[1]))
 
     from policies.router.model import Router  # local: the router module imports this package's artifact code
 
-    dev_prob = _sigmoid(slope * (oof[best] if chosen.linear is not None else _logit(oof[best])) + offset)
-    curve = gap_curve(dev_prob, m.weak[dev], m.strong[dev])
+    dev_prob = _sigmoid(slope * dev_logits + offset)
+    m_dev_prob, a_dev_prob = dev_prob[: len(m_oof)], dev_prob[len(m_oof) :]
+    # Through the manifest's table and back: thresholds here are exactly the ones the gateway resolves.
+    curve = GapCurve.from_table(pooled_curve(m_dev_prob, m_dev, a_dev_prob, a_dev).to_table())
     default_threshold = threshold_for_target(curve, *DEFAULT_TARGET)
     router = Router.from_params(params, curve=curve, default_threshold=default_threshold, manifest={})
-    test_prob = router.score_batch([m.prompts[i] for i in test], corpus.emb[test])
-    test_metrics = routing_metrics(test_prob, m.take(test), calibrated=True)
-    everyday_prob = router.score_batch(corpus.everyday, corpus.everyday_emb)
-    math_prob = router.score_batch(math_sample(cfg.data_dir)[0], corpus.math_emb)
+    m_test, a_test = c.mmlu.take(s.m_test), c.alpaca.take(s.a_test)
+    m_prob = router.score_batch(m_test.prompts, c.emb[s.m_test])
+    a_prob = router.score_batch(a_test.prompts, c.alpaca_emb[s.a_test])
+    everyday_prob = router.score_batch(c.everyday, c.everyday_emb)
+    math_prob = router.score_batch(math_sample(cfg.data_dir)[0], c.math_emb)
 
+    held_out = {
+        "mmlu": routing_metrics(m_prob, m_test, calibrated=True)
+        | {"mean_within_subject_auc": within_group_auc(m_prob, m_test)},
+        "alpaca": routing_metrics(a_prob, a_test, calibrated=True)
+        | {"mean_within_source_auc": within_group_auc(a_prob, a_test)},
+    }
     manifest: dict[str, Any] = {
-        "model": {"name": best, "kind": params["kind"], "features": chosen.candidate.features,
-                  "family": chosen.candidate.family, "target": chosen.candidate.target,
-                  "aux": chosen.candidate.aux, "platt": {"slope": slope, "offset": offset}},
-        "embedding": {"model": EMBEDDING_MODEL_NAME, "dimension": int(corpus.emb.shape[1]),
+        "model": {"name": best.name, "kind": params["kind"], "features": best.features, "family": best.family,
+                  "c": best.c, "fe": best.fe, "mmlu_target": best.mmlu_target, "alpaca_weight": best.alpaca_weight, "alpaca_label": best.alpaca_label,
+                  "math_weight": best.math_weight, "gate": best.gate, "neutral": best.neutral, "platt": {"slope": slope, "offset": offset}},
+        "embedding": {"model": EMBEDDING_MODEL_NAME, "dimension": int(c.emb.shape[1]),
                       "text": "policies.cache.scope.embedding_text (last user turn, NFKC + whitespace "
                               "normalised, first 4000 chars)",
                       "normalized": True, "train_max_seq_length": RUNTIME_MAX_SEQ_LENGTH,
                       "same_as_runtime": True},
-        "label": "strong needed = weak model wrong and strong model right",
-        "data": {
-            "mmlu_rows": len(m.prompts), "mmlu_subjects": int(len(np.unique(m.subjects))),
-            "weak_model": "mistralai/Mixtral-8x7B-Instruct-v0.1", "strong_model": "gpt-4-1106-preview",
-            "mmlu_rows_per_subject_cap": PER_SUBJECT, "mmlu_sample_seed": SUBJECT_SEED,
-            "math_rows": int(len(corpus.math_level)), "math_sample_seed": MATH_SEED,
-            "everyday_rows": len(corpus.everyday),
-            "source": "../shared/data/router (RouteLLM MMLU, MATH levels, OpenAssistant prompts)",
+        "label": {
+            "mmlu": "strong needed = weak model wrong and strong model right; quality = correctness",
+            "alpaca": f"strong needed = the judge prefers the reference with p >= {1 - (ALPACA_CLEAR_LOSS - 1):.2f} "
+                      f"(pref <= {ALPACA_CLEAR_LOSS}); quality = judge's win probability vs the reference "
+                      "(weak: pref - 1, strong: the reference itself, 0.5)",
         },
-        "split": {"method": "hold out whole subjects", "seed": cfg.seed, "folds": cfg.folds,
-                  "dev_rows": int(len(dev)), "test_rows": int(len(test)), "test_subjects": test_subjects},
-        "selection": "highest dev out-of-fold APGR (subject-grouped folds) among shippable candidates",
+        "data": {
+            "mmlu_rows": len(c.mmlu.prompts), "mmlu_subjects": int(len(np.unique(c.mmlu.subjects))),
+            "weak_model": WEAK_COLUMN, "strong_model": STRONG_COLUMN,
+            "mmlu_rows_per_subject_cap": PER_SUBJECT, "mmlu_sample_seed": SUBJECT_SEED,
+            "alpaca_rows": len(c.alpaca.prompts), "alpaca_file": ALPACA_FILE,
+            "alpaca_weak_model": ALPACA_WEAK, "alpaca_strong_model": ALPACA_REFERENCE,
+            "alpaca_panel": list(ALPACA_PANEL),
+            "math_rows": int(len(c.math_level)), "math_sample_seed": MATH_SEED,
+            "everyday_rows": len(c.everyday),
+            "source": "../shared/data/router (RouteLLM MMLU, AlpacaEval preferences, MATH levels, OpenAssistant prompts)",
+        },
+        "split": {"method": "hold out whole MMLU subjects and whole AlpacaEval sources", "seed": cfg.seed,
+                  "folds": cfg.folds, "dev_rows": int(len(s.m_dev)), "test_rows": int(len(s.m_test)),
+                  "test_subjects": s.test_subjects,
+                  "alpaca_dev_rows": int(len(s.a_dev)), "alpaca_test_rows": int(len(s.a_test)),
+                  "alpaca_test_sources": list(ALPACA_TEST_SOURCES),
+                  "selection": "out-of-fold scores on the dev rows, GroupKFold over MMLU subjects and AlpacaEval "
+                               "sources; test rows are never used for selection, calibration or thresholds"},
+        "selection": "highest mean of the MMLU and AlpacaEval selection-fold APGR among shippable candidates "
+                     "(ties: mean within-subject AUC)",
         "candidates": rows,
-        "metrics": {"held_out_test": test_metrics,
-                    "all_subjects_cv": {**all_cv, "note": f"{cfg.folds}-fold, folds are whole subjects"},
-                    "target_checks": target_checks(curve, test_prob, m.take(test)),
-                    "math_levels": _math_signal(math_prob, corpus.math_level),
+        "metrics": {"held_out_test": held_out,
+                    "target_checks": {
+                        "mmlu": target_checks(curve, m_prob, m_test),
+                        "alpaca": target_checks(curve, a_prob, a_test),
+                        "pooled": pooled_target_checks(curve, m_prob, m_test, a_prob, a_test),
+                    },
+                    "math_levels": _math_signal(math_prob[1::2], c.math_level[1::2]),
                     "everyday": _everyday_signal(everyday_prob, default_threshold)},
-        "calibration": {"source": "dev out-of-fold calibrated scores, subjects held out",
+        "calibration": {"source": "selection-fold calibrated scores of MMLU dev subjects and AlpacaEval dev sources, "
+                                  "each source weighing half; quality = fraction of the strong model's quality",
                         "curve": curve.to_table()},
         "default_target": {"mode": DEFAULT_TARGET[0], "value": DEFAULT_TARGET[1]},
         "default_threshold": default_threshold,
@@ -273,7 +430,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _math_signal(prob: np.ndarray, level: np.ndarray) -> dict[str, float | dict[str, float]]:
-    """Does the router rank harder MATH problems higher? (never seen as routing labels)."""
+    """Does the router rank harder MATH problems higher? (a difficulty signal, not a routing label).
+
+    Read on the odd rows of the MATH sample, which no candidate trains on.
+    """
     from scipy.stats import spearmanr
     from sklearn.metrics import roc_auc_score
 

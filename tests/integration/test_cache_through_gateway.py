@@ -12,7 +12,6 @@ from tests.support.background import RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
 
-
 # The shipped min_probability (0.96, chosen for precision >= 0.97 on held-out QQP) serves only
 # near-rewrites; these tests exercise the paraphrase path with a lenient policy an operator may set.
 LENIENT = 0.5

@@ -35,18 +35,34 @@ def test_shipped_artifact_is_small_and_described() -> None:
     assert (directory / MODEL_FILE).stat().st_size + (directory / MANIFEST_FILE).stat().st_size < 2_000_000
     manifest = json.loads((directory / MANIFEST_FILE).read_text())
     assert manifest["feature_version"] == FEATURE_VERSION
-    assert {c["name"] for c in manifest["candidates"]} >= {"lr_embedding", "lr_text", "lr_both_c0.02", "hgb_both"}
+    assert {c["name"] for c in manifest["candidates"]} >= {"mmlu_only_lr", "lr_embedding", "lr_text", "lr_both_fe_source"}
     assert manifest["model"]["name"] in {c["name"] for c in manifest["candidates"] if c["shippable"]}
 
 
 def test_scores_are_probabilities(shipped_router: Router) -> None:
     emb = unit_vectors(50, shipped_router.dimension, 0)
-    prompts = ["hi"] * 25 + ["Prove that $\\sum_{k=1}^n k = n(n+1)/2$ step by step."] * 25
+    mcq = "Which gas is most abundant in air?\nA. Oxygen\nB. Nitrogen\nC. Argon\nD. Carbon dioxide\nAnswer:"
+    prompts = ["hi"] * 17 + ["Prove that $\\sum_{k=1}^n k = n(n+1)/2$ step by step."] * 17 + [mcq] * 16
     batch = shipped_router.score_batch(prompts, emb)
     assert ((batch >= 0) & (batch <= 1)).all()
     single = [shipped_router.score(p, e) for p, e in zip(prompts, emb)]
     np.testing.assert_allclose(single, batch, rtol=1e-5, atol=1e-7)
     assert len(set(np.round(batch, 6))) > 1  # the score depends on its input
+
+
+def test_multiple_choice_gate_is_part_of_the_score(shipped_router: Router, sentence_model) -> None:
+    from policies.embedder import encode
+
+    if shipped_router.gate_index is None:
+        pytest.skip("the shipped model has no format gate")
+    from policies.router.features import FEATURE_NAMES
+
+    assert FEATURE_NAMES[shipped_router.gate_index] == "closed_question"
+    mcq = "Which gas is most abundant in air?\nA. Oxygen\nB. Nitrogen\nC. Argon\nD. Carbon dioxide\nAnswer:"
+    plain = "Which gas is most abundant in air? Oxygen, nitrogen, argon or carbon dioxide?"
+    emb = encode(sentence_model, [mcq])[0]  # one vector for both: only the text features differ
+    assert 0.0 < shipped_router.score(mcq, emb) < 1.0
+    assert shipped_router.score(mcq, emb) != pytest.approx(shipped_router.score(plain, emb), abs=1e-9)
 
 
 def test_wrong_embedding_size_is_a_clear_error(shipped_router: Router) -> None:

@@ -16,38 +16,55 @@ def data() -> TrainSet:
     emb = rng.normal(size=(n, d)).astype(np.float32)
     txt = rng.normal(loc=2.0, scale=3.0, size=(n, t))
     label = ((emb[:, 0] + 0.3 * txt[:, 1] + rng.normal(scale=0.5, size=n)) > 0.5).astype(int)
-    return TrainSet(
-        emb=emb, txt=txt, label=label, weak_wrong=label, gain=label,
-        math_emb=rng.normal(size=(60, d)).astype(np.float32), math_txt=rng.normal(size=(60, t)),
-        math_level=rng.integers(1, 6, 60),
-    )
+    return TrainSet(emb=emb, txt=txt, target=label.astype(float), weight=np.ones(n),
+                    group=np.where(np.arange(n) % 3 == 0, "a", "b"))
 
 
 @pytest.mark.parametrize("features", ["embedding", "text", "both"])
-def test_folded_weights_match_the_pipeline(data: TrainSet, features: str) -> None:
+def test_folded_weights_match_the_fit(data: TrainSet, features: str) -> None:
     fitted = fit_candidate(Candidate("x", "lr", features, c=0.5), data, seed=0)
-    ridge = fit_candidate(Candidate("r", "ridge", features, c=0.5, target="gain"), data, seed=0)
+    ridge = fit_candidate(Candidate("r", "ridge", features, c=0.5), data, seed=0)
     cols = {"embedding": data.emb, "text": data.txt, "both": np.hstack([data.emb, data.txt])}[features]
-    expected = fitted.estimator.decision_function(cols.astype(np.float64))
-    np.testing.assert_allclose(decision(fitted, data.emb, data.txt), expected, rtol=1e-6, atol=1e-8)
+    scaled = (cols.astype(np.float64) - cols.mean(axis=0)) / np.where(cols.std(axis=0) > 0, cols.std(axis=0), 1.0)
+    np.testing.assert_allclose(decision(fitted, data.emb, data.txt), fitted.estimator.decision_function(scaled),
+                               rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(decision(ridge, data.emb, data.txt), ridge.estimator.predict(cols.astype(np.float64)),
                                rtol=1e-6, atol=1e-8)
 
 
-def test_stacked_math_feature_folds_too(data: TrainSet) -> None:
-    fitted = fit_candidate(Candidate("x", "lr", "both", c=0.5, aux="math_difficulty"), data, seed=0)
-    assert fitted.linear is not None
-    w_emb, w_text, _ = fitted.linear
-    assert w_emb.shape == (data.emb.shape[1],) and w_text.shape == (len(FEATURE_NAMES),)
-    scores = decision(fitted, data.emb, data.txt)
-    # The planted signal (first embedding column) must be picked up.
-    assert np.corrcoef(scores, data.emb[:, 0])[0, 1] > 0.5
+def test_group_intercepts_are_dropped_at_serving_time(data: TrainSet) -> None:
+    # Shift the base rate of group "a" only: with group intercepts the shared weights stay on the
+    # planted signal, and the served bias is the average group's.
+    shifted = TrainSet(emb=data.emb, txt=data.txt, target=np.where(data.group == "a", 1.0, data.target),
+                       weight=data.weight, group=data.group)
+    fe = fit_candidate(Candidate("fe", "lr", "both", c=0.5, fe="source"), shifted, seed=0)
+    assert fe.linear is not None
+    w_emb, w_text, bias = fe.linear
+    assert w_emb.shape == (data.emb.shape[1],) and w_text.shape == (len(FEATURE_NAMES),) and np.isfinite(bias)
+    b = data.group == "b"
+    assert np.corrcoef(decision(fe, data.emb[b], data.txt[b]), data.emb[b, 0])[0, 1] > 0.5
+
+
+def test_soft_targets_sit_between_hard_ones(data: TrainSet) -> None:
+    def mean_prob(target: float) -> float:
+        soft = TrainSet(emb=data.emb, txt=data.txt, target=np.full(len(data.target), target), weight=data.weight,
+                        group=data.group)
+        z = decision(fit_candidate(Candidate("s", "lr", "text", c=0.5), soft, seed=0), data.emb, data.txt)
+        return float(np.mean(1 / (1 + np.exp(-z))))
+
+    assert mean_prob(0.2) == pytest.approx(0.2, abs=0.02)
+    assert mean_prob(0.7) == pytest.approx(0.7, abs=0.02)
+
+
+def test_trainset_rejects_ragged_columns(data: TrainSet) -> None:
+    with pytest.raises(ValueError, match="one entry per row"):
+        TrainSet(emb=data.emb, txt=data.txt[:-1], target=data.target, weight=data.weight, group=data.group)
 
 
 def test_nonlinear_families_give_probabilities(data: TrainSet) -> None:
     for cand in [Candidate("h", "hgb", "both"), Candidate("k", "knn", "embedding")]:
         p = decision(fit_candidate(cand, data, seed=0), data.emb, data.txt)
-        assert p.shape == (len(data.label),) and (p >= 0).all() and (p <= 1).all()
+        assert p.shape == (len(data.target),) and (p >= 0).all() and (p <= 1).all()
     with pytest.raises(ValueError, match="unknown model family"):
         fit_candidate(Candidate("z", "svm", "both"), data, seed=0)
 

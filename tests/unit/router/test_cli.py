@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gateway.cli import main
+from gateway.pipeline.embed import embedding_text
 from policies.embedder import encode
 from policies.router import Router
 from policies.router.cli import parse_score_line, score_stream
@@ -24,6 +25,23 @@ def test_score_round_trip(shipped_router: Router, sentence_model, monkeypatch, c
     emb = encode(sentence_model, ["hello there", "Integrate x^2 sin x dx"])
     expected = [shipped_router.score("hello there", emb[0]), shipped_router.score(rows[1]["messages"], emb[1])]
     np.testing.assert_allclose([o["score"] for o in out], expected, atol=1e-5)
+
+
+def test_score_embeds_the_text_the_gateway_embeds(shipped_router: Router) -> None:
+    seen: list[str] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        seen.extend(texts)
+        v = np.ones((len(texts), shipped_router.dimension), dtype=np.float32)
+        return v / np.linalg.norm(v[0])
+
+    chat = {"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": "  Ｓecond\n\nturn  " + "x" * 5000}]}
+    out = io.StringIO()
+    score_stream([json.dumps(chat)], out, shipped_router, embed)
+    assert seen == [embedding_text(chat)]  # normalised last user turn, cut at 4000 chars
+    vec = embed(["x"])[0]
+    assert json.loads(out.getvalue())["score"] == round(shipped_router.score(chat["messages"], vec), 6)
 
 
 def test_bad_line_fails_with_its_number(monkeypatch, capsys) -> None:

@@ -1,4 +1,4 @@
-"""The shipped router beats a random split on MMLU subjects it never saw (needs ../shared/data).
+"""The shipped router beats a random split on MMLU subjects and AlpacaEval sources it never saw (needs ../shared/data).
 
 The held-out rows are embedded exactly as the gateway embeds a request (embedding_text + the
 shared model at 256 word pieces), one cache file per subject under .tierlane/cache/router: a cold
@@ -15,7 +15,7 @@ from gateway.pipeline.embed import embedding_text
 from policies.embedder import Embedder
 from policies.router import Router
 from policies.router.data import default_cache_dir, shared_data_dir
-from policies.router.evaluate import held_out_data, routing_metrics
+from policies.router.evaluate import held_out_alpaca, held_out_data, routing_metrics, target_checks
 
 pytestmark = pytest.mark.evaluation
 
@@ -42,8 +42,21 @@ def test_held_out_subjects_beat_random(shipped_router: Router, held_out) -> None
     assert report["apgr"] > report["random"]["apgr"] + 0.05
     assert report["cpt50"] < report["random"]["cpt50"]
     # The shipped manifest reports these very figures (same rows, same embeddings).
-    shipped = shipped_router.manifest["metrics"]["held_out_test"]
+    shipped = shipped_router.manifest["metrics"]["held_out_test"]["mmlu"]
     assert report["apgr"] == pytest.approx(shipped["apgr"], abs=0.005)
+
+
+def test_held_out_alpaca_sources_beat_random(shipped_router: Router, data_dir) -> None:
+    test, emb = held_out_alpaca(shipped_router, data_dir, default_cache_dir())
+    assert set(test.subjects.tolist()) == set(shipped_router.manifest["split"]["alpaca_test_sources"])
+    scores = shipped_router.score_batch(test.prompts, emb)
+    report = routing_metrics(scores, test)
+    assert report["rows"] == shipped_router.manifest["split"]["alpaca_test_rows"]
+    assert report["apgr"] > report["random"]["apgr"] + 0.05
+    shipped = shipped_router.manifest["metrics"]["held_out_test"]["alpaca"]
+    assert report["apgr"] == pytest.approx(shipped["apgr"], abs=0.005)
+    checks = {(c["mode"], c["value"]): c for c in target_checks(shipped_router.curve, scores, test)}
+    assert checks[("max_strong_share", 0.3)]["test_strong_share"] == pytest.approx(0.3, abs=0.05)
 
 
 async def test_evaluation_embeddings_are_the_gateways(shipped_router: Router, held_out, embedder: Embedder) -> None:

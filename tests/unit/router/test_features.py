@@ -69,3 +69,39 @@ def test_matrix_stacks_rows() -> None:
     assert m.shape == (2, len(FEATURE_NAMES))
     assert np.array_equal(m[1], text_features("b c"))
     assert text_feature_matrix([]).shape == (0, len(FEATURE_NAMES))
+
+
+def test_cross_task_cues() -> None:
+    word_problem = ("A baker sells 48 muffins on Monday and half as many on Tuesday at $2.50 each. "
+                    "How much does he earn in total?")
+    assert feat(word_problem, "log_quantity_cues") > feat("Tell me about muffins", "log_quantity_cues")
+    assert feat(word_problem, "log_money_units") > 0
+    assert feat(word_problem, "log_max_number") == math.log1p(48)
+    assert feat("Compute 3 * (4 + 5) / 2", "log_operators") > 0
+    assert feat("Write a Python function that parses JSON", "log_code_words") >= math.log1p(3)
+    assert feat("Answer in exactly three bullet points, no more than 50 words", "log_constraints") > 0
+    assert feat("Write a detailed essay on trade", "long_answer_cues") > 0
+    assert feat("Give a brief, one sentence answer", "short_answer_cues") > 0
+    assert feat("Why does ice float? Explain.", "log_reasoning_cues") > 0
+    assert feat("Which of these is NOT a mammal?", "negation_ratio") > 0
+    assert feat("Write a haiku about rain", "creative_cues") > 0
+    assert feat("Pretend you are a pirate", "roleplay_cues") > 0
+
+
+def test_closed_question_needs_lettered_options() -> None:
+    mcq = "Which planet is largest?\nA. Mars\nB. Jupiter\nC. Venus\nD. Earth\nAnswer:"
+    assert feat(mcq, "closed_question") == 1.0
+    assert feat("Which planet is largest?", "closed_question") == 0.0
+    assert feat("Plan A. go home\nthen eat", "closed_question") == 0.0
+
+
+def test_task_cues_read_every_user_turn() -> None:
+    chat = [
+        {"role": "user", "content": "Solve 12 * 7 + 3 = ? and show each step"},
+        {"role": "assistant", "content": "87"},
+        {"role": "user", "content": "Now do the same."},
+    ]
+    assert feat(chat, "log_operators") == feat("Solve 12 * 7 + 3 = ? and show each step", "log_operators") > 0
+    assert feat(chat, "log_tokens") == feat("Now do the same.", "log_tokens")  # shape: the last turn
+    assert feat(chat, "log_prior_chars") == math.log1p(len("Solve 12 * 7 + 3 = ? and show each step") + 2)
+    assert feat("Now do the same.", "log_operators") == 0.0

@@ -14,8 +14,9 @@ def make(model: Router, **extra: object) -> RoutePolicy:
 
 def test_defaults_use_the_calibrated_target(shipped_router: Router) -> None:
     rules = make(shipped_router).rules("t", "a")
-    assert rules.target == "min_strong_quality=0.95"
-    assert rules.threshold == pytest.approx(shipped_router.threshold_for("min_strong_quality", 0.95))
+    assert rules.target == "max_strong_share=0.3"
+    assert rules.threshold == pytest.approx(shipped_router.threshold_for("max_strong_share", 0.3))
+    assert rules.threshold == pytest.approx(shipped_router.default_threshold)
     assert rules.upstream.pool == "standard" and rules.edge.precision == "int4"
 
 
