@@ -171,6 +171,64 @@ def render_edge_speculative(data: dict[str, Any]) -> list[str]:
     return lines + _table(["workload", "on / off", "acceptance", "target"], rows)
 
 
+def render_cache_quality(data: dict[str, Any]) -> list[str]:
+    policy = data["policy"]
+    lines = [f"Threshold chosen on the selection split; figures on the test split (never tuned on). Policy: cosine "
+             f">= {policy['threshold']}, verifier {policy['verifier']}, min_probability {policy['min_probability']}.", ""]
+    rows = []
+    for source in ("qqp", "stsb", "gptcache"):
+        shipped = data["at_policy_default"]["test"][source]
+        rules = data["baselines"]["rules_only_cosine_0.82"]["test"][source]
+        cosine = data["baselines"]["cosine_0.90"]["test"][source]
+        rows.append([source, shipped["precision"], shipped["recall"], shipped["served"], rules["precision"], rules["recall"],
+                     cosine["precision"], cosine["recall"]])
+    return lines + _table(["test source", "precision", "recall", "served", "rules only: precision", "recall",
+                           "cosine 0.90: precision", "recall"], rows)
+
+
+def render_edge_quality(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    gateway = data.get("gateway")
+    if gateway:
+        tasks = ", ".join(f"{k} {v}" for k, v in gateway.get("tasks", {}).items())
+        lines += [f"Through running gateways, model `auto`, an upstream that answers every task right ({tasks}); "
+                  f"pinned to the edge the model is right on {_num(gateway['pinned_edge_accuracy'])} of them:", ""]
+        rows = [[name, g["local_precision"], g["local_recall"], g["overall_accuracy"], g["edge_share"], g["cache_share"],
+                 g["escalated"], g["upstream_calls_saved"]]
+                for name, g in (("shipped (prior + cascade)", gateway["shipped"]), ("router only (cascade off)", gateway["router_only"]))]
+        lines += _table(["policy", "local precision", "local recall", "overall accuracy (upstream-only 1.0)", "edge share",
+                         "cache share", "escalated", "upstream calls saved"], rows)
+        ttft = gateway["stream_ttft"]
+        lines += ["", f"Edge-served streams, time to first token: hold-back p50 {_num(ttft['hold_back']['p50_ms'])} / "
+                  f"p99 {_num(ttft['hold_back']['p99_ms'])} ms vs none p50 {_num(ttft['no_hold_back']['p50_ms'])} / "
+                  f"p99 {_num(ttft['no_hold_back']['p99_ms'])} ms. Edge tokens spent on escalated requests: "
+                  f"{_num(gateway['escalated_edge_tokens_share'])} of all edge tokens.", ""]
+    lines += ["Offline, from the engine's answers and the shipped thresholds (prior, confidence):", ""]
+    rows = []
+    for name, body in data["sets"].items():
+        for policy, r in body["policies"].items():
+            rows.append([name, policy, r["local_precision"], r["local_recall"], r["edge_share"], r["overall_accuracy"]])
+    lines += _table(["tasks", "decision", "local precision", "local recall", "edge share", "overall accuracy"], rows)
+    held = data["sets"].get("held_out_probes")
+    if held:
+        lines += ["", "AUROC for edge correctness on the held-out probes: "
+                  + ", ".join(f"{k} {_num(v)}" for k, v in held["auroc"].items()) + "."]
+    return lines
+
+
+def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
+    inv, js = data["invalid"], data["json_mode"]
+    rows = [[k.replace("_", " "), v["count"], v["share"]] for k, v in inv.items()]
+    lines = [f"{data['prompts']} everyday prompts, greedy, max_tokens {data['max_tokens']}; invalid = a loop, or "
+             f"max_tokens reached while repeating. Reduction for `auto` traffic: {_num(data['invalid_reduction_auto'])}.", ""]
+    lines += _table(["edge answers", "invalid", "share"], rows)
+    lines += ["", f"JSON mode ({js['prompts']} prompts): parse without grammar {_num(js['parse_share_without_grammar'])}, "
+              f"with grammar {_num(js['parse_share_with_grammar'])} ({_num(js['parse_share_with_grammar_of_finished'])} of "
+              f"the answers that ended on their own; {js['with_grammar_ended_by_max_tokens']} ended at max_tokens or in a "
+              "loop, which `auto` traffic escalates)."]
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -193,6 +251,9 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_engine": render_edge_engine,
     "edge_kv_quality": render_edge_kv_quality,
     "edge_speculative": render_edge_speculative,
+    "cache_quality": render_cache_quality,
+    "edge_quality": render_edge_quality,
+    "edge_invalid_output": render_edge_invalid_output,
 }
 
 
