@@ -41,19 +41,12 @@ from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.matcher import decide  # noqa: E402
 from policies.cache.verifier import PairText, load_verifier  # noqa: E402
 from policies.cache.verifier_data import SPLITS, STSB_POSITIVE_MIN, EmbeddingCache, load_all, shared_data  # noqa: E402
+from policies.cache.verifier_train import figures  # noqa: E402
 from policies.policy import Policy  # noqa: E402
 
 SOURCES = ("qqp", "stsb", "gptcache")
 TARGET_PRECISION = 0.97
 DEFAULT_EMBEDDINGS = Path("/tmp/tierlane_verifier/emb.npz")
-
-
-def figures(hit: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    tp = int((hit & (y == 1)).sum())
-    fp = int((hit & (y == 0)).sum())
-    pos = int((y == 1).sum())
-    return {"precision": round(tp / (tp + fp), 4) if tp + fp else None, "recall": round(tp / pos, 4) if pos else None,
-            "served": tp + fp, "true_hits": tp, "false_hits": fp, "positives": pos, "pairs": int(len(y))}  # fmt: skip
 
 
 def by_split(hit: np.ndarray, y: np.ndarray, source: np.ndarray, split: np.ndarray) -> dict[str, dict[str, Any]]:

@@ -6,7 +6,6 @@ No pickle: loading reads plain arrays.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import platform
@@ -18,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from policies.artifact_dir import MANIFEST_FILE, read_artifact_dir, sha256_file
 from policies.edge_quality.features import ANSWER_FEATURES, FEATURE_VERSION, PROMPT_FEATURES
 
 ARTIFACT_FORMAT = 1
 MODEL_FILE = "edge_quality.npz"
-MANIFEST_FILE = "manifest.json"
 REBUILD = "rebuild it with `make edge-calibration` (or `tierlane edge calibrate --out DIR`)"
 
 
@@ -45,14 +44,6 @@ def library_versions() -> dict[str, str]:
         "scikit-learn": sklearn.__version__,
         "llama-cpp-python": str(llama_cpp.__version__),
     }
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -100,24 +91,10 @@ def check_manifest(manifest: Mapping[str, Any]) -> None:
 
 def load_artifact(path: str | Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any], Path]:
     """Weights, manifest and directory of an artifact (None: the shipped one); verified against the hash."""
-    directory = default_artifact_dir() if path is None else Path(path)
-    if directory.is_file():
-        directory = directory.parent
-    manifest_path = directory / MANIFEST_FILE
-    if not manifest_path.is_file():
-        raise EdgeCalibrationError(f"no edge calibration manifest at {manifest_path}; {REBUILD}")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EdgeCalibrationError(f"cannot read {manifest_path}: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise EdgeCalibrationError(f"{manifest_path} is not a JSON object")
-    check_manifest(manifest)
-    model_path = directory / str(manifest.get("model_file", MODEL_FILE))
-    if not model_path.is_file():
-        raise EdgeCalibrationError(f"edge calibration weights {model_path} are missing")
-    if manifest.get("model_sha256") != sha256_file(model_path):
-        raise EdgeCalibrationError(f"edge calibration weights {model_path} do not match the manifest's hash")
+    manifest, directory, model_path = read_artifact_dir(
+        default_artifact_dir() if path is None else path, what="edge calibration", default_model_file=MODEL_FILE,
+        error=EdgeCalibrationError, rebuild=REBUILD, check=check_manifest,
+    )
     try:
         with np.load(model_path, allow_pickle=False) as npz:
             params = {name: np.asarray(npz[name]) for name in npz.files}

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.edge_quality.artifact import library_versions, save_artifact, sha256_file
+from policies.artifact_dir import sha256_file
+from policies.edge_quality.artifact import library_versions, save_artifact
 from policies.edge_quality.evaluate import ItemOutcome, auroc, full_report, token_signals
 from policies.edge_quality.features import ANSWER_FEATURES, PROMPT_FEATURES, answer_features, prompt_features
 from policies.edge_quality.model import Curve, EdgeCalibration

@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from policies.edge_quality.artifact import EdgeCalibrationError, load_artifact, sha256_file
+from policies.artifact_dir import sha256_file
+from policies.edge_quality.artifact import EdgeCalibrationError, load_artifact
 from policies.edge_quality.features import TokenStat, answer_features, prompt_features, token_arrays
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import dataclass
@@ -14,12 +13,12 @@ import joblib
 import numpy as np
 import sklearn
 
+from policies.artifact_dir import MANIFEST_FILE, read_artifact_dir, sha256_file
 from policies.router.data import EMBEDDING_MODEL_NAME, RUNTIME_MAX_SEQ_LENGTH
 from policies.router.features import FEATURE_NAMES, FEATURE_VERSION
 
 ARTIFACT_FORMAT = 1
 MODEL_FILE = "router.joblib"
-MANIFEST_FILE = "manifest.json"
 
 
 class RouterArtifactError(RuntimeError):
@@ -53,10 +52,6 @@ def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def save_artifact(directory: str | Path, params: dict[str, Any], manifest: dict[str, Any]) -> Path:
     """Write both files; the manifest records the model file's hash, formats and versions."""
     out = Path(directory)
@@ -70,7 +65,7 @@ def save_artifact(directory: str | Path, params: dict[str, Any], manifest: dict[
         "libraries": library_versions(),
         **manifest,
         "model_file": MODEL_FILE,
-        "model_sha256": _sha256(model_path),
+        "model_sha256": sha256_file(model_path),
     }
     (out / MANIFEST_FILE).write_text(json.dumps(full, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     return out
@@ -111,24 +106,10 @@ def check_manifest(manifest: dict[str, Any]) -> None:
 
 def load_artifact(path: str | Path | None = None) -> Artifact:
     """Load and verify an artifact directory (or its manifest.json); None means the shipped default."""
-    directory = default_artifact_dir() if path is None else Path(path)
-    if directory.is_file():
-        directory = directory.parent
-    manifest_path = directory / MANIFEST_FILE
-    if not manifest_path.is_file():
-        raise RouterArtifactError(f"no router manifest at {manifest_path}; train one with `tierlane router train`")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RouterArtifactError(f"cannot read router manifest {manifest_path}: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise RouterArtifactError(f"router manifest {manifest_path} is not a JSON object")
-    check_manifest(manifest)
-    model_path = directory / str(manifest.get("model_file", MODEL_FILE))
-    if not model_path.is_file():
-        raise RouterArtifactError(f"router model file {model_path} is missing")
-    if manifest.get("model_sha256") != _sha256(model_path):
-        raise RouterArtifactError(f"router model file {model_path} does not match its manifest's hash")
+    manifest, directory, model_path = read_artifact_dir(
+        default_artifact_dir() if path is None else path, what="router", default_model_file=MODEL_FILE,
+        error=RouterArtifactError, rebuild="train one with `tierlane router train`", check=check_manifest,
+    )
     try:
         params = joblib.load(model_path)
     except Exception as exc:  # unpickling can fail in many ways; all mean "unusable"

@@ -132,7 +132,7 @@ def test_tampered_or_missing_artifact_is_refused(tmp_path: Path) -> None:
 
 
 def test_matches_and_fallback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from policies.edge_quality.artifact import sha256_file
+    from policies.artifact_dir import sha256_file
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF fake model")
