@@ -130,6 +130,7 @@ def gateway(bg, llama_upstream, tmp_path_factory):
             "policy": {
                 "cache": {"enabled": True},
                 "router": {"enabled": True},
+                "cascade": {"enabled": True},
                 "trim": {"enabled": True},
                 "budgets": {"enabled": True, "tenant": {"daily_spend_usd": 1000.0}},
             },
@@ -184,7 +185,7 @@ def test_embeddings_survive_hostile_bodies(gateway):
 
 
 QUERY = st.dictionaries(
-    st.sampled_from(["from", "to", "since", "group_by", "tenant", "app", "model", "lane", "limit"]),
+    st.sampled_from(["from", "to", "since", "group_by", "tenant", "app", "model", "lane", "limit", "tz", "bucket", "format"]),
     st.one_of(st.text(max_size=12), st.sampled_from(["nan", "inf", "-inf", "1e300", "-1e300", "9999-12-31", "0000-01-01", "1e-300"])),
     max_size=3,
 )
@@ -192,7 +193,7 @@ QUERY = st.dictionaries(
 
 def test_admin_reports_survive_hostile_parameters(gateway):
     @FAST
-    @given(params=QUERY, path=st.sampled_from(["/v1/usage", "/v1/shadow"]))
+    @given(params=QUERY, path=st.sampled_from(["/v1/usage", "/v1/shadow", "/v1/dashboard"]))
     def run(params: dict[str, str], path: str) -> None:
         _check(httpx.get(gateway.url + path, params=params, timeout=30))
 
