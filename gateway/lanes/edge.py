@@ -120,36 +120,52 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
     )
     held: list[GenerationEvent] = []
     hold = judge.hold_tokens if judge is not None and judge.escalate else 0
+    structured = params.grammar is not None
+    checked_early = False
     try:
-        # Errors before the first token raise here, not in the stream. Whole answers are read to
-        # the end; a stream holds back its first `hold` tokens for the confidence check.
+        # Errors before the first token raise here, not in the stream. After `hold` tokens the
+        # answer so far is checked: a failing one is escalated without decoding the rest, and a
+        # stream sends nothing before that check. A whole answer is read to its end.
         while not held or held[-1].finish_reason is None:
             held.append(await generation.__anext__())
             if ctx.first_token_at is None:
                 ctx.first_token_at = time.perf_counter()
-            if ctx.stream and held[-1].completion_tokens >= hold:
-                break
+            event = held[-1]
+            if hold and not checked_early and event.finish_reason is None and event.completion_tokens >= hold:
+                assert judge is not None
+                checked_early = True
+                _check(ctx, judge, generation, held, started, final=False, structured=structured)
+                if ctx.stream:
+                    break
+            elif ctx.stream and not hold:
+                break  # no hold-back: the answer is judged when it ends, for the record and the cache
     except BaseException:
         generation.cancel()
         ctx.lane_seconds = time.perf_counter() - started  # the lane worked on it (metered as such)
         raise
     last = held[-1]
     tokens = [t for event in held for t in event.tokens]
-    if judge is not None:
-        check = judge.check(tokens, last.finish_reason, final=last.finish_reason is not None,
-                            structured=params.grammar is not None)
-        ctx.edge_check = check
-        if check.escalated:
-            generation.cancel()
-            ctx.edge_check = replace(check, edge_input_tokens=generation.prompt_tokens,
-                                     edge_output_tokens=last.completion_tokens)
-            ctx.lane_seconds = time.perf_counter() - started
-            raise Escalate(ctx.edge_check)
+    if judge is not None and last.finish_reason is not None:
+        _check(ctx, judge, generation, held, started, final=True, structured=structured)
     shape = _Shape(chat=chat, model=engine.model_name, created=int(time.time()), logprobs=_logprobs_wanted(ctx))
     if not ctx.stream:
         _finish(ctx, last, started)
         return Answer(lane="edge", body=shape.body("".join(e.text for e in held), tokens, last))
     return Answer(lane="edge", chunks=_stream(generation, held, shape, ctx, started, judge, params.grammar is not None))
+
+
+def _check(ctx: RequestContext, judge: EdgeJudge, generation: Generation, held: list[GenerationEvent], started: float,
+           *, final: bool, structured: bool) -> None:
+    """Records the judge's check of the answer so far on ctx; raises Escalate when it failed."""
+    last = held[-1]
+    check = judge.check([t for event in held for t in event.tokens], last.finish_reason, final=final,
+                        structured=structured)
+    ctx.edge_check = check
+    if check.escalated:
+        generation.cancel()
+        ctx.lane_seconds = time.perf_counter() - started
+        ctx.edge_check = replace(check, edge_input_tokens=generation.prompt_tokens, edge_output_tokens=last.completion_tokens)
+        raise Escalate(ctx.edge_check)
 
 
 def _logprobs_wanted(ctx: RequestContext) -> int | None:
