@@ -24,6 +24,7 @@ from policies.policy import Policy
 
 log = logging.getLogger(__name__)
 
+CALIBRATED_TOKENS = 48  # when a calibration does not say how long the answers it scored were
 DEGENERATE = frozenset({"loop", "low_confidence"})  # engine finish reasons of a degeneration stop
 
 
@@ -43,7 +44,10 @@ class EdgeJudge:
     prior: float
     threshold: float
     escalate: bool  # False: the answer is served whatever it scores (pinned requests)
-    hold_tokens: int
+    hold_tokens: int  # streams: judged after this many tokens, before the first byte
+    # whole answers: judged after this many tokens if still running (the calibration's own
+    # max_tokens: it scored nothing longer, so a longer answer is judged on that much)
+    early_check_tokens: int
     low_confidence_run: int
     low_confidence_logprob: float
 
@@ -89,6 +93,12 @@ class Cascade:
     def prior_threshold(self, ctx: RequestContext) -> float:
         return self._threshold("prior", self.rules(ctx).prior)
 
+    def _calibrated_tokens(self) -> int:
+        assert self.calibration is not None
+        decoding = self.calibration.manifest.get("decoding") or {}
+        value = decoding.get("max_tokens") if isinstance(decoding, dict) else None
+        return value if isinstance(value, int) and value > 0 else CALIBRATED_TOKENS
+
     def _threshold(self, stage: Literal["prior", "confidence"], target: CascadeTarget) -> float:
         assert self.calibration is not None
         if target.mode == "threshold":
@@ -117,6 +127,7 @@ class Cascade:
             threshold=self._threshold("confidence", rules.target),
             escalate=ctx.fallback is not None,
             hold_tokens=rules.hold_tokens,
+            early_check_tokens=self._calibrated_tokens(),
             low_confidence_run=rules.low_confidence_run,
             low_confidence_logprob=rules.low_confidence_logprob,
         )

@@ -119,13 +119,16 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
         scope=prefix_scope(ctx),
     )
     held: list[GenerationEvent] = []
-    hold = judge.hold_tokens if judge is not None and judge.escalate else 0
+    hold = 0
+    if judge is not None and judge.escalate:
+        hold = judge.hold_tokens if ctx.stream else judge.early_check_tokens
     structured = params.grammar is not None
     checked_early = False
     try:
         # Errors before the first token raise here, not in the stream. After `hold` tokens the
         # answer so far is checked: a failing one is escalated without decoding the rest, and a
-        # stream sends nothing before that check. A whole answer is read to its end.
+        # stream sends nothing before that check. A whole answer still running after as many
+        # tokens as the calibration scored is checked on those; either is judged again at its end.
         while not held or held[-1].finish_reason is None:
             held.append(await generation.__anext__())
             if ctx.first_token_at is None:
