@@ -16,11 +16,12 @@ from typing import Any, Literal
 import numpy as np
 
 from edge_engine import TokenInfo
-from gateway.context import RequestContext
+from gateway.context import RequestContext, request_prompt
 from policies.cascade import CascadePolicy, CascadeSection, CascadeTarget
 from policies.domain import EdgeCheck
 from policies.edge_quality.model import EdgeCalibration
 from policies.policy import Policy
+from policies.router.features import last_user_text
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,4 @@ class Cascade:
 
 
 def _last_text(ctx: RequestContext) -> str:
-    from gateway.pipeline.route import request_prompt
-    from policies.router.features import last_user_text
-
     return last_user_text(request_prompt(ctx))

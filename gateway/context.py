@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.lanes import AUTO, RouteRequest
 from policies.domain import EdgeCheck, Outcome, Principal, RouteDecision, Usage
+from policies.router.features import Prompt
 
 if TYPE_CHECKING:
     from gateway.pipeline.runner import ModelCall
@@ -82,3 +83,14 @@ class RequestContext:
     def overhead_ms(self, now: float | None = None) -> float:
         end = time.perf_counter() if now is None else now
         return max(0.0, (end - self.received_at - self.lane_seconds) * 1000.0)
+
+
+def request_prompt(ctx: RequestContext) -> Prompt:
+    """The chat messages, or the completion prompt as one string."""
+    messages = ctx.body.get("messages")
+    if isinstance(messages, list):
+        return [m for m in messages if isinstance(m, dict)]
+    prompt = ctx.body.get("prompt")
+    if isinstance(prompt, list):
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    return prompt if isinstance(prompt, str) else ""

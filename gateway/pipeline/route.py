@@ -12,7 +12,7 @@ import numpy as np
 
 from gateway.capabilities import EdgeCapabilities
 from gateway.cascade import Cascade
-from gateway.context import Answer, RequestContext, RouteDecision
+from gateway.context import Answer, RequestContext, RouteDecision, request_prompt
 from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.lanes import FORCEABLE, ROUTE_HEADER
 from gateway.pipeline.base import TEXT_OPERATIONS
@@ -25,17 +25,6 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 log = logging.getLogger(__name__)
-
-
-def request_prompt(ctx: RequestContext) -> Prompt:
-    """The chat messages, or the completion prompt as one string."""
-    messages = ctx.body.get("messages")
-    if isinstance(messages, list):
-        return [m for m in messages if isinstance(m, dict)]
-    prompt = ctx.body.get("prompt")
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    return prompt if isinstance(prompt, str) else ""
 
 
 class RouteStage:
