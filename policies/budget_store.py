@@ -7,28 +7,10 @@ so `SharedBudgets` (policies/shared_budgets.py) can fall back from one to the ot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from policies.budgets import Budgets
 from policies.errors import LimitExceeded
-
-
-@dataclass(frozen=True, slots=True)
-class Tally:
-    """Counters a settlement adds in its own round trip (the fleet usage of telemetry/fleet_usage.py).
-
-    `fields` are added to the hash `key` (HINCRBYFLOAT), which expires `ttl_s` after the write;
-    `bucket` is added to the sorted set `index` (member and score), whose entries below `oldest`
-    are dropped. Both keys must carry the tenant's hash tag, like the budget keys.
-    """
-
-    key: str
-    index: str
-    bucket: int
-    oldest: int
-    ttl_s: int
-    fields: dict[str, float]
 
 
 class BudgetStore(Protocol):
@@ -42,11 +24,8 @@ class BudgetStore(Protocol):
         """Charge tokens a stream produced; the error to end it with when it is now over a limit."""
         ...
 
-    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float, tally: Tally | None = None) -> bool:
-        """Replace what the request held and was charged so far by its final tokens and cost.
-
-        With `tally`, also add it in the same round trip where the store can: True when it did.
-        """
+    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
+        """Replace what the request held and was charged so far by its final tokens and cost."""
         ...
 
     async def close(self) -> None: ...
@@ -64,9 +43,8 @@ class LocalStore:
     async def charge(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> LimitExceeded | None:
         return self.budgets.stream_breach(key, tokens, cost)
 
-    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float, tally: Tally | None = None) -> bool:
+    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
         self.budgets.settle(key, tokens, cost)
-        return False  # nowhere to add a tally
 
     async def close(self) -> None:
         return None

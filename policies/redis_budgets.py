@@ -23,12 +23,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from policies.budget_store import Tally
 from policies.budgets import WINDOW_S, Budgets, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
-from policies.redis_client import redis_client
+from policies.redis_mux import MuxClient
 
 _LUA = resources.files("policies") / "lua"
 
@@ -38,9 +35,10 @@ def _arg(value: float | None) -> str:
 
 
 class RedisBudgets:
-    """The `BudgetStore` over a redis.asyncio client; limits are resolved by the local `Budgets`."""
+    """The `BudgetStore` over one multiplexed connection (policies/redis_mux.py: every request in
+    flight shares its round trips); limits are resolved by the local `Budgets`."""
 
-    def __init__(self, budgets: Budgets, client: aioredis.Redis, *, key_prefix: str = "tierlane:", hold_ttl_s: float = 900.0) -> None:
+    def __init__(self, budgets: Budgets, client: MuxClient, *, key_prefix: str = "tierlane:", hold_ttl_s: float = 900.0) -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError("state.key_prefix must not contain { or }: the tenant is the hash tag")
         self.budgets = budgets
@@ -48,16 +46,20 @@ class RedisBudgets:
         self._prefix = key_prefix
         self._ttl = repr(float(hold_ttl_s))
         prelude = (_LUA / "common.lua").read_text("utf-8")
-        self._admit = client.register_script(prelude + (_LUA / "admit.lua").read_text("utf-8"))
-        self._charge = client.register_script(prelude + (_LUA / "charge.lua").read_text("utf-8"))
-        self._settle = client.register_script(prelude + (_LUA / "settle.lua").read_text("utf-8"))
+        self._admit = client.script(prelude + (_LUA / "admit.lua").read_text("utf-8"))
+        self._charge = client.script(prelude + (_LUA / "charge.lua").read_text("utf-8"))
+        self._settle = client.script(prelude + (_LUA / "settle.lua").read_text("utf-8"))
 
     @classmethod
     def connect(
         cls, budgets: Budgets, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, hold_ttl_s: float
     ) -> RedisBudgets:
-        """A client that connects lazily and reconnects on its own after the server comes back."""
-        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=op_timeout_s)
+        """A client that connects lazily and reconnects on its own after the server comes back.
+
+        Every call is bounded by the caller (`op_timeout_s` in SharedBudgets); a connection whose
+        oldest command waited ten times that long is reopened.
+        """
+        client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
         return cls(budgets, client, key_prefix=key_prefix, hold_ttl_s=hold_ttl_s)
 
     def _scopes(self, tenant: str, app: str) -> tuple[list[str], list[str], list[str]]:
@@ -98,25 +100,14 @@ class RedisBudgets:
         reply = await self._charge(keys=keys, args=[key, tokens, repr(max(0.0, cost)), self._ttl, *args])
         return self._error(reply, who, tenant, app, admission=False, tokens=tokens)
 
-    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float, tally: Tally | None = None) -> bool:
-        """One EVALSHA; with `tally` (its keys in this tenant's slot) the usage counters go in the same script."""
+    async def settle(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
         keys, _, who = self._scopes(tenant, app)
         if len(who) == 0:
-            return False
-        args: list[Any] = [key, tokens, repr(max(0.0, cost))]
-        tag = f"{{{tenant}}}"
-        if tally is not None and tag in tally.key and tag in tally.index:
-            keys += [tally.key, tally.index]
-            args += [tally.bucket, tally.oldest, tally.ttl_s]
-            for name, amount in tally.fields.items():
-                args += [name, repr(amount)]
-        else:
-            tally = None
-        await self._settle(keys=keys, args=args)
-        return tally is not None
+            return
+        await self._settle(keys=keys, args=[key, tokens, repr(max(0.0, cost))])
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.client.close()
 
     def _error(self, reply: Any, who: list[str], tenant: str, app: str, *, admission: bool, tokens: int) -> LimitExceeded | None:
         """The refusal a script replied with ({kind, scope index, retry after, held}), as the local budgets word it."""
@@ -126,7 +117,9 @@ class RedisBudgets:
         name, retry = who[int(reply[1]) - 1], float(_text(reply[2]))
         limits: Limits = self.budgets.limits(tenant, app)[0 if name.startswith("tenant") else 1]
         if kind == "rpm":
-            return LimitExceeded(f"rate limit reached for {name}: {limits.requests_per_minute} requests per minute", retry_after=retry)
+            return LimitExceeded(
+                f"rate limit reached for {name}: {limits.requests_per_minute} requests per minute", retry_after=retry
+            )
         if kind == "tpm_big":
             return LimitExceeded(
                 f"this request (about {tokens} tokens) is larger than the limit of {name}: "
@@ -136,17 +129,25 @@ class RedisBudgets:
             )
         if kind == "tpm":
             if admission:
-                return LimitExceeded(f"rate limit reached for {name}: {limits.tokens_per_minute} tokens per minute", retry_after=retry)
+                return LimitExceeded(
+                    f"rate limit reached for {name}: {limits.tokens_per_minute} tokens per minute", retry_after=retry
+                )
             return LimitExceeded(
                 f"stream stopped: {name} passed its limit of {limits.tokens_per_minute} tokens per minute", retry_after=retry
             )
         if kind == "day":
             if admission:
                 held = " (with what requests in flight have reserved)" if _text(reply[3]) == "1" else ""
-                return BudgetExceeded(f"daily spend budget of ${limits.daily_spend_usd:.2f} reached for {name}{held}", retry_after=retry)
-            return BudgetExceeded(f"stream stopped: {name} passed its daily spend budget of ${limits.daily_spend_usd:.2f}", retry_after=retry)
+                return BudgetExceeded(
+                    f"daily spend budget of ${limits.daily_spend_usd:.2f} reached for {name}{held}", retry_after=retry
+                )
+            return BudgetExceeded(
+                f"stream stopped: {name} passed its daily spend budget of ${limits.daily_spend_usd:.2f}", retry_after=retry
+            )
         if admission:
-            return BudgetExceeded(f"monthly spend budget of ${limits.monthly_spend_usd:.2f} reached for {name}", retry_after=retry)
+            return BudgetExceeded(
+                f"monthly spend budget of ${limits.monthly_spend_usd:.2f} reached for {name}", retry_after=retry
+            )
         return BudgetExceeded(
             f"stream stopped: {name} passed its monthly spend budget of ${limits.monthly_spend_usd:.2f}", retry_after=retry
         )

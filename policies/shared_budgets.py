@@ -22,7 +22,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from policies.budget_store import BudgetStore, Tally
+from policies.budget_store import BudgetStore
 from policies.budgets import OPEN_SWEEP_AT, OPEN_TTL_S, Budgets
 from policies.errors import LimitExceeded, StoreUnavailable
 
@@ -141,29 +141,22 @@ class SharedBudgets:
         finally:
             request.flush = None
 
-    async def settle(self, key: str, tokens: int, cost: float, tally: Tally | None = None) -> Literal["added", "failed", "not_sent"]:
-        """Replace the request's hold and charges by its final usage (after any batch still being sent).
-
-        With `tally`, the store adds it in the same round trip where it can. Says what became of it:
-        "added", "failed" (the settlement failed: the tally is lost, or was added before a timeout), or
-        "not_sent" (no settlement went to the store: the caller must send the tally itself).
-        """
+    async def settle(self, key: str, tokens: int, cost: float) -> None:
+        """Replace the request's hold and charges by its final usage (after any batch still being sent)."""
         request = self._open.pop(key, None)
         if request is None:
-            return "not_sent"
+            return
         if request.local:
             if self._local_fallback:
                 self.budgets.settle(key, tokens, cost)
-            return "not_sent"
+            return
         if request.flush is not None:
             await asyncio.wait({request.flush})
         try:
             async with asyncio.timeout(self._timeout):
-                added = await self.store.settle(key, request.tenant, request.app, tokens, cost, tally)
+                await self.store.settle(key, request.tenant, request.app, tokens, cost)
         except Exception as exc:  # noqa: BLE001 - the hold expires on its own (hold_ttl_s); the spend is lost
             self._failed("settle", exc)
-            return "failed" if tally is not None else "not_sent"
-        return "added" if added else "not_sent"
 
     def release_soon(self, key: str) -> None:
         """Settle a request that spent nothing, from a path that cannot await (it is being cancelled)."""

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The warning of a usage report answered from this replica's ledger because the shared store did not answer.
+FLEET_UNAVAILABLE = "the shared state store did not answer: these are this replica's totals only"
+
 
 class Telemetry:
     """Built once by `create_app`; `start()` opens the ledger, `close()` flushes everything."""
@@ -99,6 +102,7 @@ class Telemetry:
                 store_errors=None if shared_state is None else lambda: shared_state.store_errors,
                 store_fallbacks=None if shared_state is None else lambda: shared_state.fallback_admissions,
                 usage_store_errors=None if fleet_usage is None else lambda: fleet_usage.errors,
+                usage_rows_dropped=None if fleet_usage is None else lambda: fleet_usage.dropped,
             )
             if config.metrics
             else None
@@ -245,21 +249,14 @@ class Telemetry:
         latency = max(0.0, ended - ctx.received_at)
         ttft = max(0.0, ctx.first_token_at - ctx.received_at) if ctx.first_token_at is not None else None
         row = self._row(ctx, outcome, usage, bill, latency, ttft, self._wall() - latency)
-        fleet, tokens = self.fleet, usage.input_tokens + usage.output_tokens
+        tokens = usage.input_tokens + usage.output_tokens
         if self.shared is None:
             self.budgets.settle(ctx.uid, tokens, bill.cost)
-            sent = "not_sent"
         else:
-            # one round trip: the settlement script also adds the row to the fleet's totals
-            sent = await self.shared.settle(ctx.uid, tokens, bill.cost, None if fleet is None else fleet.tally(row))
+            await self.shared.settle(ctx.uid, tokens, bill.cost)
         self.ledger.append(row)
-        if fleet is not None:  # a store failure is counted, never raised
-            if sent == "added":
-                fleet.added(row)
-            elif sent == "failed":
-                fleet.lost()
-            else:
-                fleet.record(row)  # in the background
+        if self.fleet is not None:
+            self.fleet.record(row)  # in the background; a store failure is retried or counted, never raised
         if self.otel is not None or self.prometheus is not None:
             measurement = self._measurement(ctx, outcome, usage, bill, latency, ttft)
             if self.otel is not None:
@@ -394,8 +391,7 @@ class Telemetry:
             except Exception as exc:  # noqa: BLE001 - store down or slow: this replica's ledger answers
                 fleet.query_errors += 1
                 log.warning("fleet usage query failed, answering from the local ledger: %r", exc)
-                warning = "the shared state store did not answer: these are this replica's totals only"
-                return await self.usage(query), "local", warning
+                return await self.usage(query), "local", FLEET_UNAVAILABLE
         return await self.usage(query), "local", None
 
     def render_metrics(self) -> bytes:

@@ -8,15 +8,24 @@ any replica answers for the whole fleet:
   each field is a JSON array `[app, model, lane, measure]`, its value a running total
   (HINCRBYFLOAT); the key expires `USAGE_TTL_S` after its last write;
 - `<prefix>{tenant}:usage:hours`: a sorted set of the hours that tenant has data for;
+- `<prefix>{tenant}:usage:seq`: per replica, the last batch of it that was added (see below);
 - `<prefix>usage:tenants`: the set of tenants with any usage.
 
-Writes are fire-and-forget: one background writer sends a pipeline of HINCRBYFLOATs off the
-response path, bounded by the store's op timeout; requests metered while a pipeline is in flight
-are added up locally and go out together in the next one (one per request when they come one at
-a time, fewer under load). A request the shared budgets settle (its tenant or app has a limit)
-carries its increments in that settlement's script instead (`tally`, one round trip for both;
-the tenants set, in another slot, is then added by the writer once per tenant and hour). A
-failure is counted (`errors`, in rows), never raised, and the ledger still has the row.
+Writes go off the response path: one background writer sends a batch (one script per tenant,
+over the multiplexed connection of policies/redis_mux.py); requests metered while a batch is in
+flight are added up locally and go out together in the next one (one per request when they
+come one at a time, fewer under load).
+
+Exactly once, through outages: every batch carries this replica's id and a sequence number, and
+the script adds a tenant's part only if that number is above the last one it added for this
+replica. A batch that failed or timed out is sent again, the same batch with the same number,
+before anything recorded after it (with a backoff of up to `_MAX_BACKOFF_S` while the store is
+down), so a write that did reach the store before its timeout is not added twice, and one that
+did not is added when the store is back. While a batch waits, new rows are added up in memory up
+to `MAX_PENDING` groups; beyond that, and for whatever is still unsent when the replica stops,
+rows are dropped and counted (`dropped`; the ledger still has them). A store that restarts empty
+keeps what was sent after it came back.
+
 Queries read whole hours: a bucket is counted when its hour overlaps [from, to), so a range is
 widened to the hours around it (the ledger counts to the second).
 """
@@ -27,14 +36,13 @@ import asyncio
 import datetime as dt
 import logging
 import math
-from collections.abc import Coroutine
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
-from policies.budget_store import Tally
-from policies.redis_client import redis_client
+from policies.redis_mux import MuxClient
 from telemetry.ledger import LedgerRow
 from telemetry.usage import MEASURES, UsageQuery
 
@@ -43,7 +51,33 @@ log = logging.getLogger(__name__)
 HOUR_S = 3600
 USAGE_TTL_S = 400 * 86400  # hourly buckets are kept this long after their last write (the ledger keeps rows for ever)
 MAX_PENDING = 10_000  # distinct (tenant, hour, app, model, lane) waiting beyond this: rows dropped (and counted)
-_PIPELINE_CHUNK = 500  # commands per round trip when reading
+SEQ_TTL_S = 7 * 86400  # how long a replica's last batch number is kept after its last write
+_MIN_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 2.0  # between attempts to send a batch the store did not take
+_READ_CHUNK = 500  # commands in flight at once when reading
+
+# KEYS: the tenant's seq hash, its hours index, then one hash per hour. ARGV: replica, batch
+# number, ttl (s), seq ttl (s), oldest hour kept, then per hour (in KEYS order): the hour, how
+# many fields, then field, amount pairs. Returns 1 when added, 0 when this batch was added before.
+_ADD_LUA = """
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) <= last then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+local at = 6
+for k = 3, #KEYS do
+  local hour, n = ARGV[at], tonumber(ARGV[at + 1])
+  at = at + 2
+  for _ = 1, n do
+    redis.call('HINCRBYFLOAT', KEYS[k], ARGV[at], ARGV[at + 1])
+    at = at + 2
+  end
+  redis.call('EXPIRE', KEYS[k], ARGV[3])
+  redis.call('ZADD', KEYS[2], hour, hour)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
 
 # Stored measures: what one ledger row adds to each (saved_usd is their sum of the saved_* ones).
 STORED = tuple(name for name in MEASURES if name != "saved_usd")
@@ -69,34 +103,45 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Rows added up for the store, under one batch number (sent again as they are until taken)."""
+
+    seq: int
+    groups: dict[tuple[str, int], dict[str, float]]  # (tenant, hour) -> field -> amount
+    rows: int
+
+
 class FleetUsage:
     """Hourly usage aggregates of every replica in the shared store."""
 
-    def __init__(self, client: aioredis.Redis, *, key_prefix: str = "tierlane:", op_timeout_s: float = 0.1,
+    def __init__(self, client: MuxClient, *, key_prefix: str = "tierlane:", op_timeout_s: float = 0.1,
                  query_timeout_s: float = 5.0) -> None:  # fmt: skip
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError("state.key_prefix must not contain { or }: the tenant is the hash tag")
         self.client = client
+        self._add = client.script(_ADD_LUA)
         self._prefix = key_prefix
         self._timeout = op_timeout_s
         self._query_timeout = query_timeout_s
-        self._tasks: set[asyncio.Task[None]] = set()
-        # (tenant, hour) -> field -> amount not sent yet, and how many rows that is
-        self._pending: dict[tuple[str, int], dict[str, float]] = {}
+        self._replica = secrets.token_hex(8)  # this process: batch numbers count per replica
+        self._seq = 0
+        self._pending: dict[tuple[str, int], dict[str, float]] = {}  # not in a batch yet
         self._pending_rows = 0
         self._groups = 0
-        self._announce: set[str] = set()  # tenants to add to the tenants set (their usage went with a settlement)
-        self._announced: dict[str, int] = {}  # tenant -> the hour it was last added in
+        self._unsent: _Batch | None = None  # the batch being sent (again, after a failure)
         self._writer: asyncio.Task[None] | None = None
+        self._backing_off = False
         self._failures = 0
-        self.errors = 0  # rows that failed, timed out or were dropped
+        self.errors = 0  # attempts to send a batch that failed or timed out (each batch is sent again)
+        self.dropped = 0  # rows never sent: too many waiting, or still unsent when the replica stopped
+        self.sent = 0  # rows the store took
         self.query_errors = 0  # queries that failed (answered from the local ledger instead)
 
     @classmethod
     def connect(cls, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float) -> FleetUsage:
         """A client that connects lazily and reconnects on its own after the server comes back."""
-        # a query reads many replies; each write has its own bound
-        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=max(op_timeout_s, 1.0))
+        client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(5.0, 10 * op_timeout_s))
         return cls(client, key_prefix=key_prefix, op_timeout_s=op_timeout_s)
 
     def _hour_key(self, tenant: str, hour: int) -> str:
@@ -105,38 +150,19 @@ class FleetUsage:
     def _hours_key(self, tenant: str) -> str:
         return f"{self._prefix}{{{tenant}}}:usage:hours"
 
+    def _seq_key(self, tenant: str) -> str:
+        return f"{self._prefix}{{{tenant}}}:usage:seq"
+
     @property
     def _tenants_key(self) -> str:
         return f"{self._prefix}usage:tenants"
 
     # Writes -----------------------------------------------------------------------------
 
-    def tally(self, row: LedgerRow) -> Tally:
-        """The increments of one row, for a budget settlement to add in its own round trip (see `added`)."""
-        hour = int(row.ts // HOUR_S)
-        group = orjson.dumps([row.app, row.model, row.lane]).decode()[:-1]
-        fields = {f'{group},"{measure}"]': amount for measure, amount in _amounts(row).items() if amount}
-        return Tally(self._hour_key(row.tenant, hour), self._hours_key(row.tenant), hour, hour - USAGE_TTL_S // HOUR_S,
-                     USAGE_TTL_S, fields)  # fmt: skip
-
-    def added(self, row: LedgerRow) -> None:
-        """A settlement added this row's `tally`: what is left is the tenants set, once per tenant and hour."""
-        hour = int(row.ts // HOUR_S)
-        if self._announced.get(row.tenant) != hour:
-            self._announced[row.tenant] = hour
-            self._announce.add(row.tenant)
-            if self._writer is None:
-                self._writer = self._spawn(self._write())
-
-    def lost(self, rows: int = 1) -> None:
-        """A settlement carrying tallies failed: count them as failed writes."""
-        self.errors += rows
-        self._log(RuntimeError("the budget settlement carrying the usage failed"))
-
     def record(self, row: LedgerRow) -> None:
         """Add one metered request to the aggregates, in the background (never raises, never waits)."""
         if self._groups >= MAX_PENDING:
-            self.errors += 1
+            self.dropped += 1
             self._log(RuntimeError(f"{MAX_PENDING} usage groups already waiting for the store"))
             return
         fields = self._pending.setdefault((row.tenant, int(row.ts // HOUR_S)), {})
@@ -149,60 +175,77 @@ class FleetUsage:
                 fields[name] = fields.get(name, 0.0) + amount
         self._pending_rows += 1
         if self._writer is None:
-            self._writer = self._spawn(self._write())
+            self._writer = asyncio.ensure_future(self._write())
 
     async def _write(self) -> None:
+        backoff = 0.0
         try:
-            while self._pending or self._announce:
-                batch, rows, tenants = self._pending, self._pending_rows, self._announce
-                self._pending, self._pending_rows, self._groups, self._announce = {}, 0, 0, set()
+            while self._unsent is not None or self._pending:
+                if self._unsent is None:
+                    self._seq += 1
+                    self._unsent = _Batch(self._seq, self._pending, self._pending_rows)
+                    self._pending, self._pending_rows, self._groups = {}, 0, 0
+                batch = self._unsent
                 try:
                     async with asyncio.timeout(self._timeout):
-                        await self._send(batch, tenants)
-                except Exception as exc:  # noqa: BLE001 - any store failure: counted; the ledgers have the rows
-                    self.errors += rows
-                    for tenant in tenants:  # try again with the tenant's next row
-                        self._announced.pop(tenant, None)
+                        await self._send(batch)
+                except Exception as exc:  # noqa: BLE001 - any store failure: the same batch goes again, after a pause
+                    self.errors += 1
                     self._log(exc)
+                    backoff = min(_MAX_BACKOFF_S, max(_MIN_BACKOFF_S, backoff * 2))
+                    self._backing_off = True
+                    await asyncio.sleep(backoff)  # rows recorded meanwhile wait in _pending
+                    self._backing_off = False
+                    continue
+                backoff = 0.0
+                self._unsent = None
+                self.sent += batch.rows
         finally:
             self._writer = None
+            self._backing_off = False
 
-    async def _send(self, batch: dict[tuple[str, int], dict[str, float]], tenants: set[str]) -> None:
-        """The increments of a batch (and the tenants to add to the tenants set) in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        if tenants:
-            pipe.sadd(self._tenants_key, *sorted(tenants))
-        for (tenant, hour), fields in batch.items():
-            key, hours = self._hour_key(tenant, hour), self._hours_key(tenant)
-            for name, amount in fields.items():
-                pipe.hincrbyfloat(key, name, amount)
-            pipe.expire(key, USAGE_TTL_S)
-            pipe.zadd(hours, {str(hour): hour})
-            pipe.zremrangebyscore(hours, "-inf", f"({hour - USAGE_TTL_S // HOUR_S}")
-            pipe.expire(hours, USAGE_TTL_S)
-            pipe.sadd(self._tenants_key, tenant)
-        await pipe.execute()
+    async def _send(self, batch: _Batch) -> None:
+        """One script per tenant (each in its tenant's slot) and the tenants set, all in flight at once."""
+        by_tenant: dict[str, list[int]] = {}
+        for tenant, hour in batch.groups:
+            by_tenant.setdefault(tenant, []).append(hour)
+        # the tenants set with every batch: a store that restarted empty learns them again
+        calls = [self.client.call("SADD", self._tenants_key, *sorted(by_tenant))]
+        for tenant, hours in by_tenant.items():
+            keys = [self._seq_key(tenant), self._hours_key(tenant)] + [self._hour_key(tenant, h) for h in hours]
+            args: list[Any] = [self._replica, batch.seq, USAGE_TTL_S, SEQ_TTL_S, min(hours) - USAGE_TTL_S // HOUR_S]
+            for hour in hours:
+                fields = batch.groups[(tenant, hour)]
+                args += [hour, len(fields)]
+                for name, amount in fields.items():
+                    args += [name, repr(amount)]
+            calls.append(self._add(keys=keys, args=args))
+        await asyncio.gather(*calls)
 
     async def flush(self) -> None:
-        """Wait until what was recorded has been sent (or failed: each round trip is bounded by the op timeout)."""
-        while self._writer is not None:
-            await asyncio.wait({self._writer})
+        """Wait until what was recorded has been sent, or an attempt to send it failed (it goes again later)."""
+        while self._writer is not None and not self._backing_off:
+            await asyncio.wait({self._writer}, timeout=0.05)
 
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self._timeout * 2)
-        await self.client.aclose()
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        """Send what waits (bounded by twice the op timeout); what the store did not take is counted as dropped."""
+        writer = self._writer
+        if writer is not None:
+            await asyncio.wait({writer}, timeout=self._timeout * 2)
+            if not writer.done():
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+        lost = self._pending_rows + (self._unsent.rows if self._unsent is not None else 0)
+        if lost:
+            self.dropped += lost
+            log.warning("fleet usage: %d rows not sent to the store before stopping (the ledger has them)", lost)
+        self._pending, self._pending_rows, self._groups, self._unsent = {}, 0, 0, None
+        await self.client.close()
 
     def _log(self, exc: BaseException) -> None:
         self._failures += 1
         if self._failures == 1 or self._failures % 1000 == 0:
-            log.warning("fleet usage write failed (%d rows lost so far): %r", self.errors, exc)
+            log.warning("fleet usage write failed (%d attempts so far; the batch is sent again): %r", self._failures, exc)
 
     # Reads ------------------------------------------------------------------------------
 
@@ -219,10 +262,11 @@ class FleetUsage:
         if tenant is not None:
             tenants = [tenant]
         else:
-            tenants = sorted(_text(t) for t in await self.client.smembers(self._tenants_key))
-        spans = await self._pipelined([("zrangebyscore", (self._hours_key(t), first, last)) for t in tenants])
+            tenants = sorted(_text(t) for t in await self.client.call("SMEMBERS", self._tenants_key))
+        spans = await self._calls([("ZRANGEBYSCORE", self._hours_key(t), first, last) for t in tenants])
         buckets = [(t, int(_text(h))) for t, hours in zip(tenants, spans) for h in hours]
-        hashes = await self._pipelined([("hgetall", (self._hour_key(t, h),)) for t, h in buckets])
+        flat = await self._calls([("HGETALL", self._hour_key(t, h)) for t, h in buckets])
+        hashes = [dict(zip(reply[::2], reply[1::2])) for reply in flat]
         wanted = {k: v for k, v in query.filters.items() if k != "tenant"}
         totals: dict[tuple[str, ...], dict[str, float]] = {}
         for (bucket_tenant, hour), fields in zip(buckets, hashes):
@@ -250,13 +294,10 @@ class FleetUsage:
                 rows.append(item)
         return rows
 
-    async def _pipelined(self, commands: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    async def _calls(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         replies: list[Any] = []
-        for i in range(0, len(commands), _PIPELINE_CHUNK):
-            pipe = self.client.pipeline(transaction=False)
-            for name, args in commands[i : i + _PIPELINE_CHUNK]:
-                getattr(pipe, name)(*args)
-            replies.extend(await pipe.execute())
+        for i in range(0, len(commands), _READ_CHUNK):
+            replies.extend(await asyncio.gather(*(self.client.call(*c) for c in commands[i : i + _READ_CHUNK])))
         return replies
 
 

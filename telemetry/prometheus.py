@@ -51,6 +51,7 @@ class PromMetrics:
         store_errors: Callable[[], float] | None = None,
         store_fallbacks: Callable[[], float] | None = None,
         usage_store_errors: Callable[[], float] | None = None,
+        usage_rows_dropped: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
@@ -156,12 +157,21 @@ class PromMetrics:
                 )
             )
         if usage_store_errors is not None:
-            # state.backend: redis: fleet usage writes lost (the ledger rows are not)
+            # state.backend: redis: fleet usage batches the store did not take (each is sent again)
             self.registry.register(
                 _ReadCounter(
                     "tierlane_usage_store_errors",
-                    "Fleet usage aggregate writes to the shared store that failed, timed out or were dropped",
+                    "Attempts to send fleet usage to the shared store that failed or timed out (the batch is sent again)",
                     usage_store_errors,
+                )
+            )
+        if usage_rows_dropped is not None:
+            self.registry.register(
+                _ReadCounter(
+                    "tierlane_usage_rows_dropped",
+                    "Requests never added to the fleet usage totals: too many waiting for the store, or unsent at stop "
+                    "(the ledger keeps them)",
+                    usage_rows_dropped,
                 )
             )
 

@@ -45,7 +45,7 @@ local UNTIL_DAY = (DAYS + 1) * 86400 - NOW
 local UNTIL_MONTH
 if M == 12 then UNTIL_MONTH = days_from_civil(Y + 1, 1, 1) * 86400 - NOW
 else UNTIL_MONTH = days_from_civil(Y, M + 1, 1) * 86400 - NOW end
-local NSCOPES = math.floor((#KEYS - 2) / 3)  -- settle may append two tally keys after the scopes
+local NSCOPES = math.floor((#KEYS - 2) / 3)
 
 -- The total of the last WINDOW one-second buckets, and those buckets; older ones are dropped.
 local function window(key)

@@ -1,7 +1,5 @@
 -- ARGV: request key, its final tokens and USD. What the request held is released and what its
 -- stream was charged is replaced by the final count; a hold already swept counts as nothing charged.
--- With two more KEYS after the scopes (a tally: usage hash, its index), ARGV goes on with the bucket,
--- the oldest bucket kept, the ttl (s), then field, amount pairs added to the hash (fleet usage).
 local rid, tokens, usd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local rec = redis.call('HGET', KEYS[1], rid)
 local remaining, charged_tokens, charged_usd = 0, 0, 0
@@ -15,15 +13,5 @@ for i = 1, NSCOPES do
   add(KEYS[3 * i + 1], tokens - charged_tokens)
   add_spend(KEYS[3 * i + 2], usd - charged_usd)
   unhold(KEYS[3 * i + 2], remaining)
-end
-local tally = 3 * NSCOPES + 3
-if KEYS[tally] then
-  local hkey, index = KEYS[tally], KEYS[tally + 1]
-  local bucket, oldest, ttl = ARGV[4], ARGV[5], ARGV[6]
-  for i = 7, #ARGV - 1, 2 do redis.call('HINCRBYFLOAT', hkey, ARGV[i], ARGV[i + 1]) end
-  redis.call('EXPIRE', hkey, ttl)
-  redis.call('ZADD', index, bucket, bucket)
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. oldest)
-  redis.call('EXPIRE', index, ttl)
 end
 return {'ok'}

@@ -2,12 +2,14 @@
 
 Requests spread over both replicas; /v1/usage on either one reports the totals of both (the sum
 of the two ledgers); a tenant admin sees only its tenant there too; with Valkey killed, /v1/usage
-still answers, from the replica's own ledger, and says so.
+still answers, from the replica's own ledger, and says so; what was metered while it was down
+reaches the totals when it is back.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,4 +140,12 @@ def test_usage_on_either_replica_reports_the_whole_fleet(bg, make_gateway, tmp_p
     assert httpx.post(replicas[0].url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
                       headers=_bearer(GLOBEX), timeout=30).status_code == 200  # fmt: skip
     _settle(bg, replicas[0])
-    assert replicas[0].app[SERVICES].telemetry.fleet.errors >= 1
+    fleet = replicas[0].app[SERVICES].telemetry.fleet
+    assert fleet.errors >= 1 and fleet.dropped == 0
+    # the store comes back (empty: no persistence): what was metered meanwhile arrives, once
+    valkey.start()
+    deadline = time.monotonic() + 10
+    while (body := _usage(replicas[1], OPS).json())["source"] != "fleet" or body["total"]["requests"] != 1:
+        assert time.monotonic() < deadline, body
+        time.sleep(0.1)
+    assert body["total"]["cost_usd"] == pytest.approx(_ledger_totals(tmp_path / "replica0")["cost_usd"] - ledgers[0]["cost_usd"])

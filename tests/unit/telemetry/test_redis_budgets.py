@@ -4,17 +4,17 @@ when no replica settles them, and stream charges that stop at the limit."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from policies.budget_store import Tally
 from policies.budgets import Budgets
 from policies.errors import BudgetExceeded, LimitExceeded
 from policies.policy import Policy
 from policies.redis_budgets import RedisBudgets
+from policies.redis_mux import MuxClient
 from policies.shared_budgets import SharedBudgets
 from tests.support.valkey import ValkeyServer
 
@@ -30,12 +30,28 @@ async def client(valkey: ValkeyServer) -> AsyncIterator[aioredis.Redis]:
     await c.aclose()
 
 
+@pytest.fixture
+async def connect(valkey: ValkeyServer) -> AsyncIterator[Callable[[], MuxClient]]:
+    """A new connection per call (one per store: stores stand for replicas), all closed at the end."""
+    opened: list[MuxClient] = []
+
+    def new() -> MuxClient:
+        opened.append(MuxClient(valkey.url))
+        return opened[-1]
+
+    yield new
+    for mux in opened:
+        await mux.close()
+
+
 async def _held(client: aioredis.Redis) -> float:
     return float(await client.hget("tierlane:{acme}:t:s", "held") or 0.0)
 
 
-async def test_concurrent_admissions_let_exactly_the_limit_through(client: aioredis.Redis) -> None:
-    stores = [RedisBudgets(_budgets(requests_per_minute=10), client) for _ in range(3)]  # three "replicas"
+async def test_concurrent_admissions_let_exactly_the_limit_through(
+    client: aioredis.Redis, connect: Callable[[], MuxClient]
+) -> None:
+    stores = [RedisBudgets(_budgets(requests_per_minute=10), connect()) for _ in range(3)]  # three "replicas"
 
     async def one(i: int) -> bool:
         try:
@@ -48,8 +64,8 @@ async def test_concurrent_admissions_let_exactly_the_limit_through(client: aiore
     assert sum(await asyncio.gather(*(one(i) for i in range(40)))) == 10
 
 
-async def test_a_hold_nobody_settles_expires(client: aioredis.Redis) -> None:
-    store = RedisBudgets(_budgets(daily_spend_usd=1.0), client, hold_ttl_s=0.5)
+async def test_a_hold_nobody_settles_expires(client: aioredis.Redis, connect: Callable[[], MuxClient]) -> None:
+    store = RedisBudgets(_budgets(daily_spend_usd=1.0), connect(), hold_ttl_s=0.5)
     await store.admit("dies", "acme", "web", 5, 1.0)  # its replica dies: never settled
     assert await _held(client) == pytest.approx(1.0)
     with pytest.raises(BudgetExceeded, match="reserved"):
@@ -62,8 +78,10 @@ async def test_a_hold_nobody_settles_expires(client: aioredis.Redis) -> None:
     assert float(await client.hget("tierlane:{acme}:t:s", "d") or 0) == pytest.approx(0.25)
 
 
-async def test_stream_charges_use_up_the_hold_and_stop_past_the_limit(client: aioredis.Redis) -> None:
-    store = RedisBudgets(_budgets(daily_spend_usd=0.01), client)
+async def test_stream_charges_use_up_the_hold_and_stop_past_the_limit(
+    client: aioredis.Redis, connect: Callable[[], MuxClient]
+) -> None:
+    store = RedisBudgets(_budgets(daily_spend_usd=0.01), connect())
     await store.admit("s", "acme", "web", 5, 0.004)
     assert await store.charge("s", "acme", "web", 10, 0.003) is None
     assert await _held(client) == pytest.approx(0.001)
@@ -78,12 +96,12 @@ async def test_stream_charges_use_up_the_hold_and_stop_past_the_limit(client: ai
 
 
 async def test_unlimited_callers_never_reach_the_store(tmp_path: Path) -> None:
-    unreachable = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.1)
+    unreachable = MuxClient("redis://127.0.0.1:1/0", connect_timeout_s=0.1)
     store = RedisBudgets(Budgets(Policy.load(extra={"budgets": {"enabled": True}})), unreachable)
     await store.admit("x", "acme", "web", 5, 1.0)
     assert await store.charge("x", "acme", "web", 5, 1.0) is None
     await store.settle("x", "acme", "web", 5, 1.0)
-    await unreachable.aclose()
+    await unreachable.close()
 
 
 async def _script_calls(client: aioredis.Redis) -> int:
@@ -91,9 +109,11 @@ async def _script_calls(client: aioredis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
 
 
-async def test_streams_are_charged_in_batches_and_a_breach_ends_them(client: aioredis.Redis) -> None:
+async def test_streams_are_charged_in_batches_and_a_breach_ends_them(
+    client: aioredis.Redis, connect: Callable[[], MuxClient]
+) -> None:
     budgets = _budgets(tokens_per_minute=100)
-    shared = SharedBudgets(budgets, RedisBudgets(budgets, client), op_timeout_s=1.0, batch_tokens=10, batch_s=60.0)
+    shared = SharedBudgets(budgets, RedisBudgets(budgets, connect()), op_timeout_s=1.0, batch_tokens=10, batch_s=60.0)
     await shared.admit("s", "acme", "web", 5, 0.0)
     before = await _script_calls(client)
     produced, breach = 0, None
@@ -110,24 +130,3 @@ async def test_streams_are_charged_in_batches_and_a_breach_ends_them(client: aio
     assert shared.in_flight() == 0
     window = sum(float(v) for v in await client.hvals("tierlane:{acme}:t:tok"))
     assert window == 5 + produced  # the final count replaced what the batches charged
-
-
-async def test_a_settlement_adds_the_usage_tally_in_the_same_round_trip(client: aioredis.Redis) -> None:
-    budgets = _budgets(requests_per_minute=100)
-    shared = SharedBudgets(budgets, RedisBudgets(budgets, client), op_timeout_s=1.0)
-    tally = Tally("tierlane:{acme}:usage:7", "tierlane:{acme}:usage:hours", 7, 5, 3600, {"requests": 1.0, "cost": 0.25})
-    await shared.admit("t", "acme", "web", 5, 0.0)
-    assert await shared.settle("t", 9, 0.25, tally) == "added"  # loads the script (a second EVALSHA)
-    await client.zadd("tierlane:{acme}:usage:hours", {"1": 1})  # older than `oldest`: dropped by the next tally
-    await shared.admit("u", "acme", "web", 5, 0.0)
-    before = await _script_calls(client)
-    assert await shared.settle("u", 9, 0.25, tally) == "added"
-    assert await _script_calls(client) - before == 1
-    assert await client.hgetall("tierlane:{acme}:usage:7") == {b"requests": b"2", b"cost": b"0.5"}
-    assert await client.zrange("tierlane:{acme}:usage:hours", 0, -1, withscores=True) == [(b"7", 7.0)]
-    assert 0 < await client.ttl("tierlane:{acme}:usage:7") <= 3600
-    # not admitted against the store (unlimited, or by the fallback): the caller sends the tally itself
-    assert await shared.settle("never-admitted", 9, 0.25, tally) == "not_sent"
-    elsewhere = Tally("tierlane:{globex}:usage:7", "tierlane:{globex}:usage:hours", 7, 5, 3600, {"requests": 1.0})
-    await shared.admit("v", "acme", "web", 5, 0.0)
-    assert await shared.settle("v", 9, 0.25, elsewhere) == "not_sent"  # another tenant's slot: never in this script

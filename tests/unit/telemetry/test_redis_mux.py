@@ -1,0 +1,127 @@
+"""The multiplexed connection of the budgets path, against a real Valkey server: every caller gets
+its own reply however many share the connection, a caller that gives up does not shift the
+replies of the others, lost scripts are sent again, and a dead or silent server is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError, ResponseError
+
+from policies.redis_mux import MuxClient
+from tests.support.valkey import ValkeyServer
+
+
+async def test_concurrent_callers_get_their_own_replies_over_one_connection(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url)
+    try:
+        payloads = [f"caller-{i}-" + "x" * (i % 50) for i in range(300)]
+        replies = await asyncio.gather(*(mux.call("ECHO", p) for p in payloads))
+        assert [r.decode() for r in replies] == payloads
+        counts = await asyncio.gather(*(mux.call("INCR", "n") for _ in range(200)))
+        assert sorted(counts) == list(range(1, 201))
+        assert mux.connects == 1
+    finally:
+        await mux.close()
+
+
+async def test_a_caller_that_gives_up_does_not_shift_the_replies_that_follow(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await mux.call("BLPOP", "nothing-here", "0.3")  # the server answers (nil) after 0.3 s
+        assert await mux.call("ECHO", "mine") == b"mine"
+        assert await mux.call("INCR", "k") == 1
+    finally:
+        await mux.close()
+
+
+async def test_error_replies_raise_and_leave_the_connection_usable(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url)
+    try:
+        await mux.call("HSET", "h", "f", "1")
+        results = await asyncio.gather(mux.call("INCR", "h"), mux.call("ECHO", "after"), return_exceptions=True)
+        assert isinstance(results[0], ResponseError) and "WRONGTYPE" in str(results[0])
+        assert results[1] == b"after"
+    finally:
+        await mux.close()
+
+
+async def test_a_script_the_server_lost_is_sent_again(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url)
+    try:
+        script = mux.script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        assert await script(keys=["s"], args=[2]) == 2  # first call: NOSCRIPT, then EVAL
+        assert await script(keys=["s"], args=[3]) == 5  # EVALSHA
+        await mux.call("SCRIPT", "FLUSH")
+        assert await script(keys=["s"], args=[1]) == 6
+    finally:
+        await mux.close()
+
+
+async def test_a_dead_server_fails_calls_at_once_and_a_restarted_one_is_used_again(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url, connect_timeout_s=0.5)
+    try:
+        assert await mux.call("PING") == b"PONG"
+        blocked = asyncio.ensure_future(mux.call("BLPOP", "never", "5"))
+        await asyncio.sleep(0.05)
+        valkey.kill()
+        started = time.monotonic()
+        with pytest.raises(ConnectionError):
+            await blocked  # in flight when the server died
+        with pytest.raises(ConnectionError):
+            await mux.call("PING")  # refused
+        assert time.monotonic() - started < 1.0
+        valkey.start()
+        assert await mux.call("PING") == b"PONG"
+        assert mux.connects == 2
+    finally:
+        await mux.close()
+
+
+async def test_a_connection_whose_oldest_command_waited_too_long_is_reopened(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url, stale_after_s=0.2)
+    try:
+        stuck = asyncio.ensure_future(mux.call("BLPOP", "never", "10"))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        assert await mux.call("ECHO", "fresh") == b"fresh"  # not queued behind the 10 s wait
+        assert time.monotonic() - started < 1.0
+        assert mux.connects == 2
+        with pytest.raises(ConnectionError):
+            await stuck
+    finally:
+        await mux.close()
+
+
+async def test_the_url_selects_the_database(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url.rsplit("/", 1)[0] + "/3")
+    plain = aioredis.Redis.from_url(valkey.url.rsplit("/", 1)[0] + "/3")
+    try:
+        await mux.call("SET", "where", "db3")
+        assert await plain.get("where") == b"db3"
+    finally:
+        await mux.close()
+        await plain.aclose()
+
+
+async def test_a_password_is_sent_before_any_command(valkey: ValkeyServer) -> None:
+    plain = aioredis.Redis.from_url(valkey.url)
+    await plain.config_set("requirepass", "s3cret")
+    try:
+        denied = MuxClient(valkey.url)
+        with pytest.raises(ResponseError):
+            await denied.call("PING")  # NOAUTH
+        await denied.close()
+        mux = MuxClient(valkey.url.replace("redis://", "redis://:s3cret@"))
+        assert await mux.call("PING") == b"PONG"
+        await mux.close()
+    finally:
+        admin = aioredis.Redis.from_url(valkey.url, password="s3cret")
+        await admin.config_set("requirepass", "")
+        await admin.aclose()
+        await plain.aclose()
