@@ -6,14 +6,24 @@ vectors travel on a stream that every replica follows into its own faiss index.
 Keys (`<owner>` is the tenant, or `*` for a scope shared across tenants: the hash tag, so an
 owner's keys share one cluster slot):
 
-- `<prefix>{<owner>}:cache:e:<exact>`: the entry (a hash: id, scope, tenant, text, body, exp),
-  expiring after the entry's ttl;
+- `<prefix>{<owner>}:cache:e:<exact>`: the entry (a hash: id, scope, tenant, text, body, exp,
+  v: the vector as float32 bytes, empty when the entry is exact-only; and hits), expiring after
+  the entry's ttl;
 - `<prefix>{<owner>}:cache:lru`: the owner's exact keys by last use (a sorted set); above the
   policy's `max_entries` (resolved for that tenant) the least recently used are evicted;
 - `<prefix>cache:stream`: what every replica applies to its index: `add` (id, owner, exact,
   scope, tenant, expiry, vector), `del` (ids) and `purge` (a tenant), capped at
-  `state.cache_stream_max_len` (approximate trim). A replica reads it from the start when it
-  starts, then follows it from its last position in a background task.
+  `state.cache_stream_max_len` (approximate trim), so it need not hold the `add` of every live
+  entry.
+
+Catch-up (the snapshot): a replica that starts takes the stream's last id, then SCANs the entry
+hashes of its prefix and indexes every live one (with its `v`) as the `add` event would, then
+follows the stream from that id in a background task (start() does not wait for it: until the
+snapshot is done, entries are served by exact match only). A follower that resumes after a failed
+read run and finds the stream trimmed past its position (or gone) takes a new snapshot; entries
+deleted meanwhile then stay in its index until they expire (a lookup finds their rows gone).
+Entries written before `v` was stored in the hash are exact-only on a replica that catches up
+this way.
 
 A replica that admits or purges applies the change to its own index at once; the others within
 one stream read (a blocking XREAD, so well under a second). A purge deletes the entries in the
@@ -51,6 +61,7 @@ from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
+from policies.redis_mux import MuxClient
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +72,16 @@ _BLOCK_MS = 1000  # the follower's XREAD wait
 _READ_COUNT = 500
 _SWEEP_EVERY_S = 30.0
 _SHARED_OWNER = "*"
+_SCAN_COUNT = 500  # entry keys per SCAN step of a snapshot (one pipelined HMGET each)
+_SNAPSHOT_FIELDS = ["id", "scope", "tenant", "exp", "v"]
 
 # KEYS: entry, lru. ARGV: id, now (ms), ttl (ms), max entries, entry key prefix, exact,
-# scope, tenant, text, body, expiry (s). Returns the ids of the entries evicted.
+# scope, tenant, text, body, expiry (s), vector (float32 bytes; '' when not semantic).
+# Returns the ids of the entries evicted.
 _STORE_LUA = """
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'scope', ARGV[7], 'tenant', ARGV[8], 'text', ARGV[9],
-           'body', ARGV[10], 'exp', ARGV[11])
+           'body', ARGV[10], 'exp', ARGV[11], 'v', ARGV[12])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[6])
 local gone = {}
@@ -105,6 +119,20 @@ return gone
 """
 
 
+# KEYS: lru, entry. ARGV: now (ms), exact. A hit renews the entry's place in the LRU and counts on
+# the entry, if it is still there (a HINCRBY alone would leave a hash of `hits` behind an entry
+# evicted or purged meanwhile, never expiring).
+_TOUCH_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[2])
+  redis.call('HINCRBY', KEYS[2], 'hits', 1)
+end
+return 0
+"""
+
+_FIELDS = ("id", "scope", "text", "body", "exp")  # what a lookup reads of an entry
+
+
 class StoreDown(CacheUnavailable):
     """The store failed, timed out, or is being left alone after a recent failure."""
 
@@ -130,7 +158,7 @@ class SharedCache:
     def __init__(
         self,
         policy: Policy,
-        client: aioredis.Redis,
+        client: MuxClient,
         follower: aioredis.Redis,
         *,
         key_prefix: str = "tierlane:",
@@ -147,8 +175,9 @@ class SharedCache:
         self._stream = f"{key_prefix}cache:stream"
         self._timeout = op_timeout_s
         self._stream_max_len = stream_max_len
-        self._store_script = client.register_script(_STORE_LUA)
-        self._purge_script = client.register_script(_PURGE_LUA)
+        self._store_script = client.script(_STORE_LUA)
+        self._purge_script = client.script(_PURGE_LUA)
+        self._touch_script = client.script(_TOUCH_LUA)
         self._origin = secrets.token_hex(8)  # this replica: its own events are applied when made
         self._configs = ResolvedConfigs(policy)
         self._index = FaissIndex(DIMENSION)
@@ -157,25 +186,33 @@ class SharedCache:
         self._last_id = "0-0"
         self._last_sweep = 0.0
         self._down_until = 0.0
+        # exact keys this replica stored itself while a snapshot runs (worker thread only): see _load
+        self._own_since_snapshot: set[str] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.errors = 0  # store operations that failed or timed out
         self.skipped = 0  # lookups and admissions skipped because the store failed (fail open: misses)
         self.applied = 0  # stream events applied
+        self.snapshots = 0  # catch-ups from the entry hashes (at start; after the stream was trimmed past us)
+        self.snapshot_entries = 0  # live entries those snapshots loaded, all together
 
     @classmethod
     def connect(
         cls, policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int
     ) -> SharedCache:
-        """Clients that connect lazily and reconnect on their own after the server comes back."""
-        client = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=op_timeout_s)
+        """Clients that connect lazily and reconnect on their own after the server comes back.
+
+        The request path (lookups, stores, purges) shares one multiplexed connection
+        (policies/redis_mux.py); the follower has its own, since XREAD blocks it.
+        """
+        client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
         # the follower blocks on the stream for _BLOCK_MS at a time
         follower = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=_BLOCK_MS / 1000.0 + 1.0 + op_timeout_s)
         return cls(policy, client, follower, key_prefix=key_prefix, op_timeout_s=op_timeout_s, stream_max_len=stream_max_len)
 
     async def start(self) -> None:
-        """Start following the stream from its start (the catch-up); a store that is down is retried."""
+        """Start the follower (a snapshot of the live entries, then the stream); a store that is down is retried."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-cache")
         if self.base.verify.verifier is not None:
             await self._call(load_verifier, self.base.verify.verifier)  # read (and checked) now, not on the first lookup
@@ -183,9 +220,10 @@ class SharedCache:
         # round (load, then run) took longer than op_timeout_ms under load, and that one
         # timeout switched the shared cache off for _BACKOFF_S. A store that is down now is
         # fine: the first store loads them then.
-        for script in (self._store_script, self._purge_script):
+        for script in (self._store_script, self._purge_script, self._touch_script):
             try:
-                await asyncio.wait_for(self.client.script_load(script.script), timeout=max(1.0, self._timeout * 10))
+                async with asyncio.timeout(max(1.0, self._timeout * 10)):
+                    await script.load()
             except Exception as exc:  # noqa: BLE001 - down or slow at start: loaded on first use instead
                 logger.warning("shared cache: could not preload a script (%s); it is loaded on first use", exc)
         self._follow_task = asyncio.create_task(self._follow())
@@ -197,7 +235,7 @@ class SharedCache:
             self._follow_task = None
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self._timeout * 2)
-        await self.client.aclose()
+        await self.client.close()
         await self._follower.aclose()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -245,7 +283,7 @@ class SharedCache:
         owner = self._owner(key, config)
         prefix = self._entry_prefix(owner)
         if exact and config.exact:
-            row = await self._op(lambda: self.client.hmget(prefix + key.exact, ["id", "scope", "text", "body", "exp"]))
+            row = await self._op(lambda: self.client.call("HMGET", prefix + key.exact, *_FIELDS))
             hit = self._accept(row, key, None, 1.0, now, max_output_tokens, owner=owner, exact_key=key.exact)
             if hit is not None:
                 return hit
@@ -256,10 +294,9 @@ class SharedCache:
             return None
 
         async def fetch() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for _, meta, _ in found:
-                    pipe.hmget(self._entry_prefix(meta.owner) + meta.exact, ["id", "scope", "text", "body", "exp"])
-                return list(await pipe.execute())
+            return await asyncio.gather(
+                *(self.client.call("HMGET", self._entry_prefix(m.owner) + m.exact, *_FIELDS) for _, m, _ in found)
+            )
 
         rows = await self._op(fetch)
         query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
@@ -267,7 +304,7 @@ class SharedCache:
             hit = self._accept(
                 row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner, exact_key=meta.exact,
                 config=config, verify=(query, vector, neighbour.vector),
-            )
+            )  # fmt: skip
             if hit is not None:
                 return hit
         return None
@@ -297,14 +334,9 @@ class SharedCache:
         return CacheHit(int(stored_id), exact_key, payload["response"], usage, similarity, entry_id is None)
 
     async def _touch(self, owner: str, exact_key: str) -> None:
-        async def touch() -> None:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._lru(owner), {exact_key: int(time.time() * 1000)}, xx=True)
-                pipe.hincrby(self._entry_prefix(owner) + exact_key, "hits", 1)
-                await pipe.execute()
-
         try:
-            await self._op(touch)
+            await self._op(lambda: self._touch_script(keys=[self._lru(owner), self._entry_prefix(owner) + exact_key],
+                                                      args=[int(time.time() * 1000), exact_key]))  # fmt: skip
         except StoreDown:
             pass
 
@@ -330,15 +362,15 @@ class SharedCache:
                  "scope": key.scope, "tenant": key.tenant, "exp": repr(expires), "v": blob}  # fmt: skip
 
         async def write() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                await self._store_script(
+            return list(await asyncio.gather(
+                self._store_script(
                     keys=[self._entry_prefix(owner) + key.exact, self._lru(owner)],
                     args=[entry_id, int(now * 1000), max(1, int(config.ttl_s * 1000)), config.max_entries,
-                          self._entry_prefix(owner), key.exact, key.scope, key.tenant, key.text, body, repr(expires)],
-                    client=pipe,
-                )  # fmt: skip
-                pipe.xadd(self._stream, event, maxlen=self._stream_max_len, approximate=True)
-                return list(await pipe.execute())
+                          self._entry_prefix(owner), key.exact, key.scope, key.tenant, key.text, body, repr(expires),
+                          blob],
+                ),
+                self._xadd(event),
+            ))  # fmt: skip
 
         try:
             evicted, _ = await self._op(write)
@@ -346,7 +378,9 @@ class SharedCache:
             self.skipped += 1
             return 0
         gone = [int(i) for i in evicted or []]
-        await self._call(self._add, entry_id, _Meta(owner, key.exact, key.scope, key.tenant, expires), vector if semantic else None)
+        await self._call(
+            self._add_own, entry_id, _Meta(owner, key.exact, key.scope, key.tenant, expires), vector if semantic else None
+        )
         if gone:
             await self._call(self._remove, gone)
             await self._publish({"op": "del", "ids": _ids(gone)})
@@ -357,13 +391,12 @@ class SharedCache:
         shared = await self._call(self._shared_exacts, tenant)
 
         async def purge() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                await self._purge_script(keys=[self._lru(tenant)], args=[self._entry_prefix(tenant), ""], client=pipe)
-                if shared:
-                    await self._purge_script(
-                        keys=[self._lru(_SHARED_OWNER)], args=[self._entry_prefix(_SHARED_OWNER), *shared], client=pipe
-                    )
-                return list(await pipe.execute())
+            calls = [self._purge_script(keys=[self._lru(tenant)], args=[self._entry_prefix(tenant), ""])]
+            if shared:
+                calls.append(
+                    self._purge_script(keys=[self._lru(_SHARED_OWNER)], args=[self._entry_prefix(_SHARED_OWNER), *shared])
+                )
+            return await asyncio.gather(*calls)
 
         gone = [int(i) for ids in await self._op(purge) for i in ids or []]
         await self._call(self._purge_local, tenant, gone)
@@ -383,10 +416,28 @@ class SharedCache:
             await self._publish({"op": "del", "ids": _ids(gone)})
         return len(gone)
 
+    async def catch_up(self, timeout_s: float) -> None:
+        """Wait until this replica knows every entry announced so far: a snapshot taken and the stream
+        read to the end it has now (a process that just opened the cache knows none yet; a purge by
+        key, a tenant's entries in a shared scope and `stats` need them).
+
+        StoreDown when the store does not answer; TimeoutError when not caught up within `timeout_s`.
+        """
+        try:
+            async with asyncio.timeout(max(self._timeout, 1.0)):
+                last = await self._follower.xrevrange(self._stream, "+", "-", count=1)
+        except Exception as exc:
+            raise StoreDown() from exc
+        end = _stream_id(last[0][0]) if last else (0, 0)
+        async with asyncio.timeout(timeout_s):
+            while self.snapshots < 1 or _stream_id(self._last_id) < end:  # noqa: ASYNC110 - polls the follower, bounded
+                await asyncio.sleep(0.02)
+
     async def stats(self) -> dict[str, Any]:
         local = await self._call(self._local_stats)
         return {**local, "backend": "redis", "errors": self.errors, "skipped": self.skipped,
-                "events_applied": self.applied, "stream_position": self._last_id}  # fmt: skip
+                "events_applied": self.applied, "stream_position": self._last_id, "snapshots": self.snapshots,
+                "snapshot_entries": self.snapshot_entries}  # fmt: skip
 
     # Plumbing.
 
@@ -395,15 +446,20 @@ class SharedCache:
         if time.monotonic() < self._down_until:
             raise StoreDown()
         try:
-            return await asyncio.wait_for(make(), self._timeout)
+            async with asyncio.timeout(self._timeout):  # no task per call, unlike wait_for on 3.11
+                return await make()
         except Exception as exc:  # any store failure (connection, timeout, script): the caller takes it as a miss
             self._failed(exc)
             raise StoreDown() from exc
 
+    def _xadd(self, event: dict[Any, Any]) -> Awaitable[Any]:
+        fields = [part for name, value in event.items() for part in (name, value)]
+        return self.client.call("XADD", self._stream, "MAXLEN", "~", self._stream_max_len, "*", *fields)
+
     async def _publish(self, event: dict[Any, Any]) -> None:
         event["src"] = self._origin
         try:
-            await self._op(lambda: self.client.xadd(self._stream, event, maxlen=self._stream_max_len, approximate=True))
+            await self._op(lambda: self._xadd(event))
         except StoreDown:
             pass  # the store itself was purged first; replicas drop the vectors when they expire
 
@@ -424,10 +480,19 @@ class SharedCache:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _follow(self) -> None:
-        """Apply the stream's events from the last position read, for as long as the cache runs."""
+        """Take a snapshot, then apply the stream's events from the last position read, for as long as the cache runs."""
         failures = 0
+        snapshot = True  # at start: the stream may have been trimmed of older entries' adds
         while True:
             try:
+                # NOTE: after a failed run, a new snapshot only when the stream was trimmed past the
+                # position (one XINFO), not after every failure: a blip of the store would otherwise
+                # have every replica SCAN every entry at once, just as it comes back.
+                if failures and not snapshot:
+                    snapshot = await self._trimmed_past(self._last_id)
+                if snapshot:
+                    self._last_id = await self._snapshot()
+                    snapshot = False
                 reply: Any = await self._follower.xread({self._stream: self._last_id}, count=_READ_COUNT, block=_BLOCK_MS)
                 failures = 0
             except asyncio.CancelledError:
@@ -444,6 +509,51 @@ class SharedCache:
                     self._last_id = _text(events[-1][0])
             if time.time() - self._last_sweep >= _SWEEP_EVERY_S:
                 await self._call(self._sweep, time.time())
+
+    async def _snapshot(self) -> str:
+        """Index every live entry in the store; returns the stream position to follow from.
+
+        The stream's last id is taken before the SCAN, so whatever changed after it is both (maybe)
+        in what the SCAN reads and on the stream read next: adds are idempotent (the same id, or the
+        newer entry for an exact key replacing the older), and the del/purge events after that id are
+        applied afterwards, so every race ends in the store's state. The exception is this replica's
+        own changes, applied when made and skipped on the stream: a row the SCAN read before this
+        replica replaced it must not replace the newer entry (see _load); an own purge racing the
+        SCAN may leave a vector whose row is gone, which a lookup rejects and the sweep drops.
+        """
+        await self._call(self._begin_snapshot)
+        last = await self._follower.xrevrange(self._stream, "+", "-", count=1)
+        position = _text(last[0][0]) if last else "0-0"
+        pattern = _glob_escape(self._prefix) + "{*}:cache:e:*"
+        loaded, cursor = 0, 0
+        while True:
+            cursor, keys = await self._follower.scan(cursor, match=pattern, count=_SCAN_COUNT)
+            if keys:
+                async with self._follower.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.hmget(key, _SNAPSHOT_FIELDS)
+                    rows = await pipe.execute()
+                loaded += await self._call(self._load, keys, rows)
+            if not cursor:
+                break
+        await self._call(self._end_snapshot)
+        self.snapshots += 1
+        self.snapshot_entries += loaded
+        logger.info("shared cache: snapshot loaded %d live entries; following the stream from %s", loaded, position)
+        return position
+
+    async def _trimmed_past(self, position: str) -> bool:
+        """Whether events after `position` may be gone from the stream (trimmed, or the stream is gone)."""
+        try:
+            info = await self._follower.xinfo_stream(self._stream)
+        except aioredis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return True  # flushed or a new store: the entries, if any, are only in the hashes
+            raise
+        first = info.get("first-entry")
+        if first:
+            return _stream_id(first[0]) > _stream_id(position)  # (even the very next one: a snapshot too many)
+        return _stream_id(info.get("last-generated-id") or "0-0") > _stream_id(position)  # trimmed to nothing
 
     # Everything below runs on the worker thread.
 
@@ -463,6 +573,44 @@ class SharedCache:
         self._by_exact[meta.exact] = entry_id
         if vector is not None:
             self._index.add(entry_id, meta.scope, vector)
+
+    def _add_own(self, entry_id: int, meta: _Meta, vector: np.ndarray | None) -> None:
+        """An entry this replica stored (its event is skipped on the stream)."""
+        if self._own_since_snapshot is not None:
+            self._own_since_snapshot.add(meta.exact)
+        self._add(entry_id, meta, vector)
+
+    def _add_live(self, entry_id: int, meta: _Meta, blob: bytes, now: float) -> bool:
+        """An `add` from the stream or a snapshot: kept unless expired; a vector of the wrong size is left out."""
+        if meta.expires <= now:
+            return False
+        vector = np.frombuffer(blob, dtype=np.float32) if len(blob) == 4 * DIMENSION else None
+        self._add(entry_id, meta, vector)
+        return True
+
+    def _begin_snapshot(self) -> None:
+        self._own_since_snapshot = set()
+
+    def _end_snapshot(self) -> None:
+        self._own_since_snapshot = None
+
+    def _load(self, keys: list[bytes], rows: list[list[Any]]) -> int:
+        """The snapshot's rows (id, scope, tenant, exp, v), each added like an `add` event; returns how many were live."""
+        now, loaded = time.time(), 0
+        own = self._own_since_snapshot or set()
+        for key, row in zip(keys, rows):
+            stored_id, scope, tenant, expires, blob = row
+            if None in (stored_id, scope, tenant, expires):
+                continue  # gone since the SCAN, or not an entry (a hits counter a touch left after its entry went)
+            try:
+                parsed = _parse_entry_key(_text(key), self._prefix)
+                if parsed is None or parsed[1] in own:
+                    continue  # not an entry key; or stored here since the snapshot began: newer than this row, or the same
+                meta = _Meta(parsed[0], parsed[1], _text(scope), _text(tenant), float(expires))
+                loaded += self._add_live(int(stored_id), meta, blob or b"", now)
+            except ValueError as exc:  # UnicodeDecodeError included
+                logger.warning("shared cache: malformed entry %r skipped: %r", key, exc)
+        return loaded
 
     def _remove(self, ids: list[int]) -> None:
         for entry_id in ids:
@@ -490,12 +638,9 @@ class SharedCache:
             op = fields.get(b"op", b"").decode()
             try:
                 if op == "add":
-                    blob = fields.get(b"v") or b""
-                    vector = np.frombuffer(blob, dtype=np.float32) if len(blob) == 4 * DIMENSION else None
                     meta = _Meta(fields[b"owner"].decode(), fields[b"exact"].decode(), fields[b"scope"].decode(),
                                  fields[b"tenant"].decode(), float(fields[b"exp"]))  # fmt: skip
-                    if meta.expires > time.time():
-                        self._add(int(fields[b"id"]), meta, vector)
+                    self._add_live(int(fields[b"id"]), meta, fields.get(b"v") or b"", time.time())
                 elif op == "del":
                     self._remove(_parse_ids(fields.get(b"ids", b"")))
                 elif op == "purge":
@@ -521,6 +666,24 @@ def _ids(ids: list[int]) -> str:
 
 def _parse_ids(raw: bytes) -> list[int]:
     return [int(i) for i in raw.decode().split(",") if i]
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a SCAN/KEYS pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _parse_entry_key(key: str, prefix: str) -> tuple[str, str] | None:
+    """(owner, exact) of `<prefix>{<owner>}:cache:e:<exact>`, or None for any other key."""
+    if not key.startswith(prefix + "{"):
+        return None
+    owner, sep, exact = key[len(prefix) + 1 :].rpartition("}:cache:e:")
+    return (owner, exact) if sep and owner and exact else None
+
+
+def _stream_id(value: Any) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def open_shared_cache(

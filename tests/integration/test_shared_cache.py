@@ -14,9 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import redis
 
 from gateway.auth import hash_key
 from gateway.keys import SERVICES
+from policies.cache.scope import CacheKey
+from policies.cache.shared import SharedCache, open_shared_cache
+from policies.embedder import DIMENSION
+from policies.policy import Policy
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
@@ -36,21 +42,27 @@ LENIENT = 0.5
 ANSWER = "Boil the water for ten minutes"
 
 
-def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, **state: Any) -> tuple[list[Any], Recorder]:
+def _replicas(
+    bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, **state: Any
+) -> tuple[list[Any], Recorder]:
     rec = Recorder()
     up = RunningApp(bg, fault_app("ok", rec, text=ANSWER))
-    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True, "verify": {"min_probability": LENIENT}}}}
-    replicas = [
-        make_gateway(
-            base=base,
-            state_dir=str(tmp_path / f"replica{i}"),
-            auth={"mode": "keys", "keys": KEYS},
-            upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"], retries=0)],
-            state={"backend": "redis", "url": valkey.url, **state},
-        )
-        for i in range(2)
-    ]
-    return replicas, rec
+    return [_replica(make_gateway, tmp_path, valkey, up.url, i, **state) for i in range(2)], rec
+
+
+def _replica(make_gateway: Any, tmp_path: Path, valkey: ValkeyServer, upstream_url: str, i: int, **state: Any) -> Any:
+    base = {
+        **PASS_THROUGH,
+        "embedder": {"enabled": True},
+        "policy": {**PASS_THROUGH["policy"], "cache": {"enabled": True, "verify": {"min_probability": LENIENT}}},
+    }
+    return make_gateway(
+        base=base,
+        state_dir=str(tmp_path / f"replica{i}"),
+        auth={"mode": "keys", "keys": KEYS},
+        upstreams=[upstream_cfg("up", upstream_url + "/v1", models=["m"], retries=0)],
+        state={"backend": "redis", "url": valkey.url, **state},
+    )
 
 
 def chat(gw: Any, text: str, key: str = ACME, *, store: bool = True) -> httpx.Response:
@@ -143,3 +155,105 @@ def test_a_store_outage_mid_traffic_fails_no_request_and_hits_resume(bg, make_ga
     r = httpx.delete(a.url + "/v1/cache", params={"tenant": "acme"}, headers={"Authorization": f"Bearer {OPS}"}, timeout=30)
     assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1, r.text
     assert chat(a, question).status_code == 200  # and requests are still answered
+
+
+OTHER_QUESTIONS = ["What is the capital city of Australia?", "How do I reverse a list in Python?"]
+
+
+def test_a_replica_started_after_the_stream_was_trimmed_still_knows_every_live_entry(bg, make_gateway, tmp_path, valkey):
+    """The stream keeps only the latest events: a replica that starts after older `add`s were
+    trimmed away loads the vectors of the live entries from the store itself (the snapshot)."""
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text=ANSWER))
+    a = _replica(make_gateway, tmp_path, valkey, up.url, 0)
+    for text in (QUESTION, *OTHER_QUESTIONS):
+        assert chat(a, text).headers["x-tierlane-cache"] == "miss"
+        wait_for_hit(a, text)  # admitted
+    wait_for_hit(a, PARAPHRASE, within=1.0)
+    store = redis.Redis.from_url(valkey.url)
+    try:
+        stream = "tierlane:cache:stream"
+        assert store.xlen(stream) == 3
+        # An entry whose expiry has passed (its key's ttl not yet): never loaded.
+        live = store.hgetall(next(iter(store.scan_iter(match="tierlane:{acme}:cache:e:*"))))
+        store.hset("tierlane:{acme}:cache:e:" + "0" * 64, mapping={**live, b"id": b"7", b"exp": repr(time.time() - 1)})
+        store.xtrim(stream, maxlen=0, approximate=False)
+        assert store.xlen(stream) == 0
+    finally:
+        store.close()
+
+    b = _replica(make_gateway, tmp_path, valkey, up.url, 1)
+    assert wait_for_hit(b, PARAPHRASE, within=5.0) < 5.0  # the vector, from the snapshot (no event left)
+    para = chat(b, PARAPHRASE, store=False)
+    assert 0.8 < float(para.headers["x-tierlane-cache-similarity"]) < 1.0
+    stats = bg.call(b.app[SERVICES].cache.stats())
+    assert stats["snapshots"] == 1 and stats["snapshot_entries"] == 3, stats
+    assert stats["entries_known"] == 3 and stats["vectors"] == 3 and stats["errors"] == 0, stats
+    assert rec.hits == 3  # one upstream call per question, none for B
+
+
+async def test_a_follower_that_resumes_after_the_stream_was_trimmed_past_it_takes_a_new_snapshot(valkey):
+    """The shared cache alone (no gateway): B's follower fails while A stores; a snapshot again
+    only when the stream was trimmed past B's position meanwhile."""
+    policy = Policy.load(extra={"cache": {"enabled": True}})
+    # A prefix with glob metacharacters: the snapshot's SCAN matches it literally.
+    a, b = [
+        await open_shared_cache(
+            policy, valkey.url, key_prefix="t[1]*:", connect_timeout_s=1.0, op_timeout_s=1.0, stream_max_len=1000
+        )
+        for _ in range(2)
+    ]
+    config = a.config_for(tenant="acme", app="web", model="m", route=None)
+    rng = np.random.default_rng(7)
+
+    async def put(i: int) -> None:
+        vector = rng.standard_normal(DIMENSION).astype(np.float32)
+        key = CacheKey(scope="s" * 64, exact=f"{i:064x}", text=f"question {i}", tenant="acme", model="m")
+        assert await a.store(key, vector / np.linalg.norm(vector), {"choices": []}, None, config) > 0
+
+    async def known(cache: SharedCache, entries: int) -> dict[str, Any]:
+        for _ in range(100):
+            stats = await cache.stats()
+            if stats["entries_known"] == entries:
+                return stats
+            await asyncio.sleep(0.05)
+        raise AssertionError(stats)
+
+    down, failed = asyncio.Event(), asyncio.Event()
+    xread = b._follower.xread
+
+    async def flaky_xread(*args: Any, **kwargs: Any) -> Any:
+        if down.is_set():
+            failed.set()
+            await asyncio.sleep(0.05)
+            raise redis.ConnectionError("down for the test")
+        return await xread(*args, **kwargs)
+
+    async def follower_down() -> None:
+        failed.clear()
+        down.set()
+        await asyncio.wait_for(failed.wait(), 5.0)  # the XREAD blocked when it went down has returned
+
+    b._follower.xread = flaky_xread  # type: ignore[method-assign]
+    try:
+        # Not an entry: a hits counter a touch left after its entry went (no id, no exp).
+        await a.client.call("HSET", "t[1]*:{acme}:cache:e:" + "f" * 64, "hits", 1)
+        await put(1)
+        stats = await known(b, 1)  # from the stream (B's snapshot at start may or may not have seen it)
+        assert stats["snapshots"] == 1 and stats["vectors"] == 1, stats
+
+        await follower_down()  # A's entry reaches B through the stream once it is back
+        await put(2)
+        down.clear()
+        stats = await known(b, 2)
+        assert stats["snapshots"] == 1 and stats["vectors"] == 2, stats
+
+        await follower_down()  # and now the stream is trimmed past B's position meanwhile: a snapshot again
+        await put(3)
+        await a.client.call("XTRIM", "t[1]*:cache:stream", "MAXLEN", 0)
+        down.clear()
+        stats = await known(b, 3)
+        assert stats["snapshots"] == 2 and stats["snapshot_entries"] >= 3 and stats["vectors"] == 3, stats
+    finally:
+        await a.close()
+        await b.close()
