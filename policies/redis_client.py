@@ -5,6 +5,8 @@ Imported only with `state.backend: redis`, so the embedded default never loads r
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import redis.asyncio as aioredis
 
 
@@ -21,3 +23,12 @@ def redis_client(url: str, *, connect_timeout_s: float, read_timeout_s: float) -
         retry_on_timeout=False,
         health_check_interval=30,
     )
+
+
+def store_address(url: str) -> str:
+    """`url` without credentials or query (a password may be in either), for messages."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"

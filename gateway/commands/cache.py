@@ -1,4 +1,10 @@
-"""`tierlane cache purge|match|stats`: operate the semantic cache from a shell."""
+"""`tierlane cache purge|match|stats`: operate the semantic cache from a shell.
+
+`purge` and `stats` open the cache the gateway's settings name: the embedded one under the state
+directory, or with `state.backend: redis` the cache every replica shares (a purge deletes the
+entries in the store and tells every replica through the stream). A shared store that does not
+answer is exit status 1: a purge never claims what it could not confirm.
+"""
 
 from __future__ import annotations
 
@@ -7,50 +13,107 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from policies.cache.backend import CacheUnavailable
 from policies.cache.config import CacheConfig
 from policies.cache.matcher import decide
 from policies.policy import Policy
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
-def _settings(args: argparse.Namespace) -> tuple[Path, Policy]:
+
+class StoreUnavailable(Exception):
+    """state.backend: redis and the shared store did not answer: the command did not happen (or is not confirmed)."""
+
+
+# How long the shared cache may take to read the stream up to its end (what a purge by key, a
+# purge of a tenant's shared-scope entries and the entry counts need to know).
+CATCH_UP_S = 30.0
+
+
+def _settings(args: argparse.Namespace) -> tuple[Settings, Policy]:
     from gateway.settings import Settings
 
     settings = Settings.load(args.config)
-    state_dir = Path(args.state_dir) if args.state_dir else settings.state_dir
+    if args.state_dir:
+        settings = settings.model_copy(update={"state_dir": Path(args.state_dir)})
     policy_file = args.policy or settings.policy_file
-    return state_dir, Policy.load(policy_file, extra=settings.policy or None)
+    return settings, Policy.load(policy_file, extra=settings.policy or None)
+
+
+async def _open(settings: Settings, policy: Policy) -> Any:
+    """The cache the gateway opens with these settings: the component builder's (embedded, or shared with redis)."""
+    from gateway.components import COMPONENTS
+
+    build = next(c.build for c in COMPONENTS if c.attribute == "cache")
+    return await build(settings, policy)
+
+
+async def _catch_up(cache: Any) -> None:
+    """The shared cache as every replica knows it (SharedCache.catch_up), or StoreUnavailable."""
+    try:
+        await cache.catch_up(CATCH_UP_S)
+    except CacheUnavailable as exc:
+        raise StoreUnavailable(f"it did not answer ({exc.__cause__!r})") from exc
+    except TimeoutError as exc:
+        raise StoreUnavailable(f"the cache entries were not read up to the stream's end within {CATCH_UP_S:.0f} s") from exc
 
 
 def _with_cache(args: argparse.Namespace, action: str) -> dict[str, Any]:
-    from policies.cache.service import open_cache
-
     async def run() -> dict[str, Any]:
-        state_dir, policy = _settings(args)
-        cache = await open_cache(state_dir, policy)
+        cache = await _open(settings, policy)
         try:
+            if settings.state.backend == "redis":
+                await _catch_up(cache)
             if action == "stats":
-                return await cache.stats()
-            if args.tenant:
-                return {"tenant": args.tenant, "deleted": await cache.purge_tenant(args.tenant)}
-            return {"key": args.key, "deleted": await cache.purge_key(args.key)}
+                return dict(await cache.stats())
+            try:
+                if args.tenant:
+                    return {"tenant": args.tenant, "deleted": await cache.purge_tenant(args.tenant)}
+                return {"key": args.key, "deleted": await cache.purge_key(args.key)}
+            except CacheUnavailable as exc:
+                ms = settings.state.op_timeout_ms
+                raise StoreUnavailable(f"it failed or did not answer within state.op_timeout_ms ({ms:g} ms): "
+                                       f"{exc.__cause__ or exc!r}") from exc  # fmt: skip
         finally:
             await cache.close()
 
-    return asyncio.run(run())
+    settings, policy = _settings(args)
+    try:
+        return asyncio.run(run())
+    except StoreUnavailable as exc:
+        from policies.redis_client import store_address
+
+        outcome = "nothing was purged, or the purge was not confirmed: run it again" if action == "purge" else "no stats"
+        raise StoreUnavailable(f"tierlane cache {action}: the shared cache store {store_address(settings.state.url)} "
+                               f"is unavailable: {exc}; {outcome}") from exc  # fmt: skip
+
+
+def _unavailable(exc: StoreUnavailable) -> int:
+    print(exc, file=sys.stderr)
+    return 1
 
 
 def _purge(args: argparse.Namespace) -> int:
     if bool(args.tenant) == bool(args.key):
         print("tierlane cache purge: give exactly one of --tenant NAME or --key KEY", file=sys.stderr)
         return 2
-    print(json.dumps(_with_cache(args, "purge")))
+    try:
+        result = _with_cache(args, "purge")
+    except StoreUnavailable as exc:
+        return _unavailable(exc)
+    print(json.dumps(result))
     return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
-    print(json.dumps(_with_cache(args, "stats"), indent=2))
+    try:
+        result = _with_cache(args, "stats")
+    except StoreUnavailable as exc:
+        return _unavailable(exc)
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -114,12 +177,17 @@ def _match(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add `tierlane cache ...`."""
-    cache = subparsers.add_parser("cache", help="inspect, test and purge the semantic cache")
+    cache = subparsers.add_parser(
+        "cache",
+        help="inspect, test and purge the semantic cache",
+        description="purge and stats act on the cache the settings name: the embedded one, or with state.backend: "
+        "redis the one every replica shares (exit status 1 when its store does not answer).",
+    )
     sub = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help="gateway settings YAML (default: $TIERLANE_CONFIG or built-in)")
-        p.add_argument("--state-dir", help="state directory (default: settings.state_dir)")
+        p.add_argument("--state-dir", help="state directory of the embedded cache (default: settings.state_dir)")
         p.add_argument("--policy", help="operator policy YAML merged over the defaults")
 
     purge = sub.add_parser("purge", help="delete entries by tenant or by key")
