@@ -178,7 +178,10 @@ class StateSettings(_Strict):
     stream_batch_tokens: int = Field(32, ge=1, description="streams are charged to the store every this many tokens")
     stream_batch_ms: float = Field(250.0, ge=0, description="... or this often, whichever comes first")
     cache_stream_max_len: int = Field(
-        100_000, ge=1000, description="the semantic cache's vector stream keeps about this many events (a new replica catches up from it)"
+        100_000,
+        ge=1000,
+        description="the semantic cache's vector stream keeps about this many events (replicas follow it; one that starts, "
+        "or falls further behind, catches up from a snapshot of the entries)",
     )
 
     @field_validator("url")
@@ -232,9 +235,7 @@ class Settings(_Strict):
     ) -> Settings:
         """Embedded defaults, then `path` (or $TIERLANE_CONFIG), then TIERLANE_* variables, then overrides."""
         env = os.environ if env is None else env
-        data: dict[str, Any] = yaml.safe_load(
-            (resources.files("gateway") / "defaults.yaml").read_text("utf-8")
-        )
+        data: dict[str, Any] = yaml.safe_load((resources.files("gateway") / "defaults.yaml").read_text("utf-8"))
         path = path or env.get("TIERLANE_CONFIG")
         if path:
             with open(path, encoding="utf-8") as fh:

@@ -483,12 +483,15 @@ class SharedCache:
         """Take a snapshot, then apply the stream's events from the last position read, for as long as the cache runs."""
         failures = 0
         snapshot = True  # at start: the stream may have been trimmed of older entries' adds
+        next_check = time.monotonic() + _SWEEP_EVERY_S
         while True:
             try:
                 # NOTE: after a failed run, a new snapshot only when the stream was trimmed past the
                 # position (one XINFO), not after every failure: a blip of the store would otherwise
-                # have every replica SCAN every entry at once, just as it comes back.
-                if failures and not snapshot:
+                # have every replica SCAN every entry at once, just as it comes back. The same check
+                # every _SWEEP_EVERY_S catches a follower that fell behind by more than the stream keeps.
+                if not snapshot and (failures or time.monotonic() >= next_check):
+                    next_check = time.monotonic() + _SWEEP_EVERY_S
                     snapshot = await self._trimmed_past(self._last_id)
                 if snapshot:
                     self._last_id = await self._snapshot()
