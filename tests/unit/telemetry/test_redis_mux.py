@@ -125,3 +125,20 @@ async def test_a_password_is_sent_before_any_command(valkey: ValkeyServer) -> No
         await admin.config_set("requirepass", "")
         await admin.aclose()
         await plain.aclose()
+
+
+def test_the_gateways_event_loop_uvloop_is_served_too(valkey: ValkeyServer) -> None:
+    uvloop = pytest.importorskip("uvloop")  # the gateway's loop where installed; its transports are not asyncio's classes
+
+    async def calls() -> list[bytes]:
+        mux = MuxClient(valkey.url)
+        try:
+            return list(await asyncio.gather(*(mux.call("ECHO", str(i)) for i in range(50))))
+        finally:
+            await mux.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(calls()) == [str(i).encode() for i in range(50)]
+    finally:
+        loop.close()
