@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import VectorIndex
 from policies.cache.matcher import decide
 from policies.cache.scope import CacheKey
-from policies.cache.store import Entry, EntryStore
+from policies.cache.store import Entry, EntryReader, EntryStore
 from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
@@ -46,8 +47,11 @@ class CacheHit:
 class SemanticCache:
     """Entries in SQLite, vectors in a `VectorIndex`; one worker thread owns both.
 
-    NOTE: every SQLite and faiss call runs on `self._executor` (one thread), so neither needs a
-    lock; the event loop only awaits futures.
+    NOTE: every SQLite write and every faiss call runs on `self._executor` (one thread), so
+    neither needs a lock. The one exception is the exact-key probe every lookup starts with: it
+    reads through its own read-only connection (`EntryReader`) on the event loop's thread, and
+    the hit's LRU touch goes to the worker in batches. At 16 requests in flight, handing the
+    probe to the worker cost an exact hit 8-15 ms p50 instead of 4 (the worker waited for the GIL).
     """
 
     def __init__(self, state_dir: Path, policy: Policy, *, index: VectorIndex | None = None) -> None:
@@ -56,6 +60,10 @@ class SemanticCache:
         self.base = CacheConfig.from_section(policy.resolve("cache"))
         self._index = index
         self._store: EntryStore | None = None
+        self._reader: EntryReader | None = None  # the event loop's thread only
+        self._touches: dict[int, tuple[int, float]] = {}  # entry id -> (hits, last used), not written yet
+        self._touching: asyncio.Task[None] | None = None
+        self.probe_errors = 0  # exact probes the read connection failed (the worker answered them)
         self._executor: ThreadPoolExecutor | None = None
         self._configs = ResolvedConfigs(policy)
         self._last_sweep = 0.0
@@ -64,11 +72,17 @@ class SemanticCache:
         """Open the entry store and load (or rebuild) the vector index."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache")
         await self._call(self._open)
+        self._reader = EntryReader(self.directory / "entries.sqlite3")  # after the writer made the file and its WAL
 
     async def close(self) -> None:
         """Persist the index and close the store."""
         if self._executor is None:
             return
+        if self._touching is not None:
+            await asyncio.wait({self._touching})
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         await self._call(self._shutdown)
         self._executor.shutdown(wait=True)
         self._executor = None
@@ -87,7 +101,40 @@ class SemanticCache:
         exact: bool = True,
     ) -> CacheHit | None:
         """The best verified stored answer for `key`, or None; `exact=False` skips the exact-key probe."""
+        if exact and config.exact and self._reader is not None:
+            now = time.time()
+            try:
+                entry = self._reader.get_exact(key.exact, now)
+            except sqlite3.Error as exc:  # locked or failing: the worker's own connection tries
+                self.probe_errors += 1
+                if self.probe_errors == 1 or self.probe_errors % 1000 == 0:
+                    logger.warning("cache: exact probe on the read connection failed (%d so far), asking the worker: %r",
+                                   self.probe_errors, exc)  # fmt: skip
+            else:
+                exact = False  # probed
+                if entry is not None and entry.scope == key.scope and self._fits(entry, max_output_tokens):
+                    self._touch_soon(entry.id, now)
+                    return CacheHit(entry.id, entry.exact, entry.response, entry.usage, 1.0, True)
+        if not exact and (not config.semantic or vector is None or len(key.text) > config.max_text_chars):
+            return None  # nothing left to look for: no trip to the worker
         return await self._call(self._lookup, key, vector, config, max_output_tokens, exact)
+
+    def _touch_soon(self, entry_id: int, now: float) -> None:
+        """Count a hit; the worker writes the hits gathered meanwhile in one transaction."""
+        hits, _ = self._touches.get(entry_id, (0, now))
+        self._touches[entry_id] = (hits + 1, now)
+        if self._touching is None:
+            self._touching = asyncio.ensure_future(self._write_touches())
+
+    async def _write_touches(self) -> None:
+        try:
+            while self._touches:
+                batch, self._touches = self._touches, {}
+                await self._call(self._store_touches, batch)
+        except Exception as exc:  # noqa: BLE001 - LRU bookkeeping only: the entries and answers are intact
+            logger.warning("cache: recording hits failed: %r", exc)
+        finally:
+            self._touching = None
 
     async def store(
         self,
@@ -176,6 +223,10 @@ class SemanticCache:
             return True
         return int(entry.usage.get("completion_tokens") or 0) <= max_output_tokens
 
+    def _store_touches(self, touches: dict[int, tuple[int, float]]) -> None:
+        assert self._store is not None
+        self._store.touch_many(touches)
+
     def _hit(self, entry: Entry, similarity: float, *, exact: bool, now: float) -> CacheHit:
         assert self._store is not None
         self._store.touch(entry.id, now)
@@ -193,8 +244,16 @@ class SemanticCache:
         now = time.time()
         semantic = vector is not None and config.semantic and len(key.text) <= config.max_text_chars
         entry_id, replaced = self._store.put(
-            exact=key.exact, scope=key.scope, tenant=key.tenant, model=key.model, text=key.text,
-            vector=vector if semantic else None, response=response, usage=usage, now=now, ttl_s=config.ttl_s,
+            exact=key.exact,
+            scope=key.scope,
+            tenant=key.tenant,
+            model=key.model,
+            text=key.text,
+            vector=vector if semantic else None,
+            response=response,
+            usage=usage,
+            now=now,
+            ttl_s=config.ttl_s,
         )
         if replaced is not None:
             self._index.remove([replaced])
