@@ -22,11 +22,11 @@ import yaml
 
 from gateway.auth import hash_key
 from gateway.cli import main
-from gateway.keys import PIPELINE, SERVICES
 from telemetry.core import FLEET_UNAVAILABLE
-from tests.support.background import BackgroundLoop, RunningApp
+from tests.support.background import RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
+from tests.support.fleet import settle as _settle
 from tests.support.valkey import ValkeyServer
 
 ACME, GLOBEX = "tl-acme-fleet-cli", "tl-globex-fleet-cli"
@@ -98,19 +98,6 @@ def _wait_for_hit(gw: RunningApp, text: str, key: str = ACME, within: float = 10
     while _outcome(gw, text, key) != "hit":
         assert time.monotonic() < deadline, f"{text!r} never became a hit on {gw.url}"
         time.sleep(0.02)
-
-
-def _settle(bg: BackgroundLoop, gw: RunningApp) -> None:
-    """Wait for the meter hooks, the ledger commit and the fleet writes of what was served."""
-
-    async def flush() -> None:
-        await gw.app[PIPELINE].drain()
-        telemetry = gw.app[SERVICES].telemetry
-        await telemetry.usage(telemetry.usage_query({}))  # commits what was appended
-        assert telemetry.fleet is not None
-        await telemetry.fleet.flush()
-
-    bg.call(flush())
 
 
 def _by_tenant(body: dict[str, Any]) -> dict[str, int]:

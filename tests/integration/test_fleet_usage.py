@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from gateway.auth import hash_key
-from gateway.keys import PIPELINE, SERVICES
+from gateway.keys import SERVICES
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
+from tests.support.fleet import settle as _settle
 from tests.support.valkey import ValkeyServer
 
 MODEL = "fake-model"
@@ -49,8 +50,10 @@ def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: Val
             # budgets on, one tenant limited: usage is aggregated whether or not limits apply
             state={"backend": "redis", "url": valkey.url, "op_timeout_ms": 1000},
             policy={
-                "budgets": {"enabled": True,
-                            "overrides": [{"match": {"tenant": "acme"}, "set": {"tenant": {"requests_per_minute": 1000}}}]},
+                "budgets": {
+                    "enabled": True,
+                    "overrides": [{"match": {"tenant": "acme"}, "set": {"tenant": {"requests_per_minute": 1000}}}],
+                },
                 "pricing": {"models": {MODEL: PRICE}},
             },  # fmt: skip
         )
@@ -58,25 +61,10 @@ def _replicas(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, valkey: Val
     ]
 
 
-def _settle(bg: BackgroundLoop, gw: RunningApp) -> None:
-    """Wait for the meter hooks, the ledger commit and the fleet writes of what was served."""
-
-    async def flush() -> None:
-        await gw.app[PIPELINE].drain()
-        telemetry = gw.app[SERVICES].telemetry
-        await telemetry.usage(telemetry.usage_query({}))  # commits what was appended
-        assert telemetry.fleet is not None
-        await telemetry.fleet.flush()
-
-    bg.call(flush())
-
-
 def _ledger_totals(state_dir: Path) -> dict[str, float]:
     conn = sqlite3.connect(state_dir / "ledger.sqlite3")
     try:
-        row = conn.execute(
-            "SELECT COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost) FROM requests"
-        ).fetchone()
+        row = conn.execute("SELECT COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost) FROM requests").fetchone()
         return {"requests": row[0], "input_tokens": row[1] or 0, "output_tokens": row[2] or 0, "cost_usd": row[3] or 0.0}
     finally:
         conn.close()
