@@ -18,7 +18,8 @@ hold the queue. Nothing is retried: a script may have run before its connection 
 caller's policy (fail open or closed) decides.
 
 Supported URLs are those of `state.url`: redis://, rediss:// (TLS, verified by default) and
-unix://, with user, password and db.
+unix://, with user, password and db, and the TLS query options redis-py reads (ssl_ca_certs,
+ssl_certfile, ssl_keyfile, ssl_cert_reqs, ssl_check_hostname).
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         """Queue one command; commands queued in the same loop iteration go out in one write."""
+        packed = hiredis.pack_command(args)  # first: an argument it cannot pack must not leave an empty slot
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self.waiting.append((future, time.monotonic()))
         if not self._buffer:
             loop.call_soon(self._flush)
-        self._buffer.append(hiredis.pack_command(args))
+        self._buffer.append(packed)
         return future
 
     def _flush(self) -> None:
@@ -104,7 +106,7 @@ class MuxClient:
         self._host = str(options.get("host") or "127.0.0.1")
         self._port = int(options.get("port") or 6379)
         self._path = options.get("path")
-        self._tls = options.get("connection_class") is SSLConnection
+        self._tls = _tls_context(dict(options)) if options.get("connection_class") is SSLConnection else None
         self._hello: list[tuple[Any, ...]] = []
         if options.get("password"):
             user = options.get("username")
@@ -136,25 +138,34 @@ class MuxClient:
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._open())
             self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
-        return await asyncio.shield(self._connecting)
+        task = self._connecting
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise ConnectionError("the connection to the store was closed while it opened") from None
+            raise
 
     async def _open(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        protocol: _Protocol | None = None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if self._path:
                     _, protocol = await loop.create_unix_connection(_Protocol, str(self._path))
                 else:
-                    context = ssl.create_default_context() if self._tls else None
-                    _, protocol = await loop.create_connection(_Protocol, self._host, self._port, ssl=context)
+                    _, protocol = await loop.create_connection(_Protocol, self._host, self._port, ssl=self._tls)
                 for command in self._hello:
                     reply = await protocol.send(command)
                     if isinstance(reply, ResponseError):
-                        assert protocol.transport is not None
-                        protocol.transport.close()
                         raise ConnectionError(f"the store refused {command[0]}: {reply}")
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionError(f"cannot connect to the store at {self._where}: {exc!r}") from exc
+        except BaseException as exc:  # timed out, refused, closed meanwhile: never leave the socket open
+            if protocol is not None and protocol.transport is not None:
+                protocol.transport.abort()
+            if isinstance(exc, (OSError, TimeoutError)):
+                raise ConnectionError(f"cannot connect to the store at {self._where}: {exc!r}") from exc
+            raise
         self._protocol = protocol
         self.connects += 1
         return protocol
@@ -194,3 +205,16 @@ class MuxScript:
 
     async def load(self) -> None:
         await self.client.call("SCRIPT", "LOAD", self.source)
+
+
+def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """The TLS settings a rediss:// URL may carry (as redis-py reads them): CA file, client cert, verification."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif str(options.get("ssl_check_hostname", "true")).lower() in ("false", "0", "no"):
+        context.check_hostname = False
+    return context

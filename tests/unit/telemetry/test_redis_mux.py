@@ -142,3 +142,25 @@ def test_the_gateways_event_loop_uvloop_is_served_too(valkey: ValkeyServer) -> N
         assert loop.run_until_complete(calls()) == [str(i).encode() for i in range(50)]
     finally:
         loop.close()
+
+
+async def test_an_argument_that_cannot_be_sent_fails_alone(valkey: ValkeyServer) -> None:
+    mux = MuxClient(valkey.url)
+    try:
+        assert await mux.call("SET", "k", "v")
+        with pytest.raises(TypeError):
+            await mux.call("SET", "k", None)  # not a Redis argument: refused before it takes a reply's slot
+        replies = await asyncio.gather(*(mux.call("ECHO", str(i)) for i in range(20)))
+        assert replies == [str(i).encode() for i in range(20)]
+    finally:
+        await mux.close()
+
+
+def test_tls_options_of_the_url_are_honoured() -> None:
+    import ssl
+
+    relaxed = MuxClient("rediss://store:6380/0?ssl_cert_reqs=none")._tls
+    assert relaxed is not None and relaxed.verify_mode == ssl.CERT_NONE and not relaxed.check_hostname
+    strict = MuxClient("rediss://store:6380/0")._tls
+    assert strict is not None and strict.verify_mode == ssl.CERT_REQUIRED and strict.check_hostname
+    assert MuxClient("redis://store:6379/0")._tls is None
