@@ -8,7 +8,8 @@ any replica answers for the whole fleet:
   each field is a JSON array `[app, model, lane, measure]`, its value a running total
   (HINCRBYFLOAT); the key expires `USAGE_TTL_S` after its last write;
 - `<prefix>{tenant}:usage:hours`: a sorted set of the hours that tenant has data for;
-- `<prefix>{tenant}:usage:seq`: per replica, the last batch of it that was added (see below);
+- `<prefix>{tenant}:usage:seq:<replica>`: the last batch of that replica that was added (see
+  below), expiring `SEQ_TTL_S` after it, so a replica that stopped leaves nothing behind;
 - `<prefix>usage:tenants`: the set of tenants with any usage.
 
 Writes go off the response path: one background writer sends a batch (one script per tenant,
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from redis.exceptions import ResponseError
 
 from policies.redis_mux import MuxClient
 from telemetry.ledger import LedgerRow
@@ -59,15 +61,14 @@ _MIN_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 2.0  # between attempts to send a batch th
 _LINGER_S = 0.05
 _READ_CHUNK = 500  # commands in flight at once when reading
 
-# KEYS: the tenant's seq hash, its hours index, then one hash per hour. ARGV: replica, batch
+# KEYS: this replica's seq key for the tenant, its hours index, then one hash per hour. ARGV: batch
 # number, ttl (s), seq ttl (s), oldest hour kept, then per hour (in KEYS order): the hour, how
 # many fields, then field, amount pairs. Returns 1 when added, 0 when this batch was added before.
 _ADD_LUA = """
-local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if tonumber(ARGV[2]) <= last then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-local at = 6
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+local at = 5
 for k = 3, #KEYS do
   local hour, n = ARGV[at], tonumber(ARGV[at + 1])
   at = at + 2
@@ -75,11 +76,11 @@ for k = 3, #KEYS do
     redis.call('HINCRBYFLOAT', KEYS[k], ARGV[at], ARGV[at + 1])
     at = at + 2
   end
-  redis.call('EXPIRE', KEYS[k], ARGV[3])
+  redis.call('EXPIRE', KEYS[k], ARGV[2])
   redis.call('ZADD', KEYS[2], hour, hour)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
@@ -127,6 +128,9 @@ class FleetUsage:
         self._add = client.script(_ADD_LUA)
         self._prefix = key_prefix
         self._timeout = op_timeout_s
+        # NOTE: no request waits on these writes, and a batch after an outage may be large: a bound
+        # as short as a request's would time out on every attempt while the store applies it.
+        self._write_timeout = max(1.0, 10 * op_timeout_s)
         self._query_timeout = query_timeout_s
         self._replica = secrets.token_hex(8)  # this process: batch numbers count per replica
         self._seq = 0
@@ -155,7 +159,7 @@ class FleetUsage:
         return f"{self._prefix}{{{tenant}}}:usage:hours"
 
     def _seq_key(self, tenant: str) -> str:
-        return f"{self._prefix}{{{tenant}}}:usage:seq"
+        return f"{self._prefix}{{{tenant}}}:usage:seq:{self._replica}"
 
     @property
     def _tenants_key(self) -> str:
@@ -165,16 +169,18 @@ class FleetUsage:
 
     def record(self, row: LedgerRow) -> None:
         """Add one metered request to the aggregates, in the background (never raises, never waits)."""
-        if self._groups >= MAX_PENDING:
-            self.dropped += 1
-            self._log(RuntimeError(f"{MAX_PENDING} usage groups already waiting for the store"))
-            return
-        fields = self._pending.setdefault((row.tenant, int(row.ts // HOUR_S)), {})
+        bucket = (row.tenant, int(row.ts // HOUR_S))
         group = orjson.dumps([row.app, row.model, row.lane]).decode()[:-1]  # '["app","model","lane"' + ',"measure"]'
-        if group + ',"requests"]' not in fields:
+        fields = self._pending.get(bucket)
+        if fields is None or group + ',"requests"]' not in fields:  # a new group: the only thing that takes memory
+            if self._groups >= MAX_PENDING:
+                self.dropped += 1
+                self._log(RuntimeError(f"{MAX_PENDING} usage groups already waiting for the store"))
+                return
             self._groups += 1
+            fields = self._pending.setdefault(bucket, {})
         for measure, amount in _amounts(row).items():
-            if amount:
+            if amount and math.isfinite(amount):  # the store refuses nan and inf (and would refuse the whole batch)
                 name = f'{group},"{measure}"]'
                 fields[name] = fields.get(name, 0.0) + amount
         self._pending_rows += 1
@@ -192,8 +198,14 @@ class FleetUsage:
                     self._pending, self._pending_rows, self._groups = {}, 0, 0
                 batch = self._unsent
                 try:
-                    async with asyncio.timeout(self._timeout):
+                    async with asyncio.timeout(self._write_timeout):
                         await self._send(batch)
+                except ResponseError as exc:  # the store refused it (not a failure to reach it): sending again cannot help
+                    self.dropped += batch.rows
+                    self._unsent = None
+                    log.error("fleet usage: the store refused a batch of %d rows, dropped (the ledgers have them): %s",
+                              batch.rows, exc)  # fmt: skip
+                    continue
                 except Exception as exc:  # noqa: BLE001 - any store failure: the same batch goes again, after a pause
                     self.errors += 1
                     self._log(exc)
@@ -218,7 +230,7 @@ class FleetUsage:
         calls = [self.client.call("SADD", self._tenants_key, *sorted(by_tenant))]
         for tenant, hours in by_tenant.items():
             keys = [self._seq_key(tenant), self._hours_key(tenant)] + [self._hour_key(tenant, h) for h in hours]
-            args: list[Any] = [self._replica, batch.seq, USAGE_TTL_S, SEQ_TTL_S, min(hours) - USAGE_TTL_S // HOUR_S]
+            args: list[Any] = [batch.seq, USAGE_TTL_S, SEQ_TTL_S, min(hours) - USAGE_TTL_S // HOUR_S]
             for hour in hours:
                 fields = batch.groups[(tenant, hour)]
                 args += [hour, len(fields)]
@@ -236,7 +248,7 @@ class FleetUsage:
         """Send what waits (bounded by twice the op timeout); what the store did not take is counted as dropped."""
         writer = self._writer
         if writer is not None:
-            await asyncio.wait({writer}, timeout=_LINGER_S + self._timeout * 2)
+            await asyncio.wait({writer}, timeout=_LINGER_S + self._write_timeout)
             if not writer.done():
                 writer.cancel()
                 await asyncio.gather(writer, return_exceptions=True)

@@ -59,7 +59,7 @@ async def test_a_write_that_timed_out_but_ran_later_is_not_added_twice(valkey: V
     try:
         usage.record(_row(0))
         await usage.flush()  # connected, scripts loaded
-        await admin.execute_command("CLIENT", "PAUSE", "600", "WRITE")  # writes wait, then run
+        await admin.execute_command("CLIENT", "PAUSE", "1500", "WRITE")  # longer than a write may take: it times out, runs later
         for i in range(1, 6):
             usage.record(_row(i))
         await _until(lambda: _errors(usage), timeout_s=5.0)  # the batch timed out and is sent again
@@ -115,3 +115,24 @@ async def test_rows_beyond_what_may_wait_and_rows_unsent_at_stop_are_counted(
     assert usage.dropped == 8 - waiting > 0
     await usage.close()
     assert usage.dropped == 8 and usage.sent == 0
+
+
+async def test_a_batch_the_store_refuses_is_dropped_and_later_rows_still_arrive(valkey: ValkeyServer) -> None:
+    admin = aioredis.Redis.from_url(valkey.url)
+    usage = FleetUsage.connect(valkey.url, key_prefix="t:", connect_timeout_s=1.0, op_timeout_s=0.2)
+    try:
+        hour = int(time.time() // 3600)
+        await admin.set(f"t:{{acme}}:usage:{hour}", "not a hash")  # WRONGTYPE for the hour's HINCRBYFLOAT
+        usage.record(_row(0))
+        await usage.flush()
+        assert usage.dropped == 1 and usage.sent == 0
+        await admin.delete(f"t:{{acme}}:usage:{hour}")
+        usage.record(_row(1))
+        await usage.flush()
+        assert usage.sent == 1 and await _totals(usage) == {"acme": 1}
+        # one seq key per replica and tenant, expiring: a replica that stops leaves nothing for good
+        [seq_key] = await admin.keys("t:{acme}:usage:seq:*")
+        assert 0 < await admin.ttl(seq_key) <= fleet_usage.SEQ_TTL_S
+    finally:
+        await usage.close()
+        await admin.aclose()
