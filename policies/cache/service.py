@@ -78,11 +78,11 @@ class SemanticCache:
         """Persist the index and close the store."""
         if self._executor is None:
             return
+        reader, self._reader = self._reader, None  # first: no hit is recorded after the last batch
+        if reader is not None:
+            reader.close()
         if self._touching is not None:
             await asyncio.wait({self._touching})
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
         await self._call(self._shutdown)
         self._executor.shutdown(wait=True)
         self._executor = None

@@ -551,7 +551,10 @@ class SharedCache:
             info = await self._follower.xinfo_stream(self._stream)
         except aioredis.ResponseError as exc:
             if "no such key" in str(exc).lower():
-                return True  # flushed or a new store: the entries, if any, are only in the hashes
+                # flushed, or a new store: the entries, if any, are only in the hashes. A stream that
+                # never existed (nothing stored yet, position 0-0) is not that: without this, every
+                # check would SCAN the whole keyspace again.
+                return _stream_id(position) != (0, 0)
             raise
         first = info.get("first-entry")
         if first:

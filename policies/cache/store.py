@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,18 @@ class EntryStore:
     def get_exact(self, exact: str, now: float) -> Entry | None:
         return _get_exact(self._db, exact, now)
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction. NOTE: the connection is in autocommit mode (isolation_level=None),
+        where `with connection:` opens none: each statement inside committed on its own."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     def get_many(self, ids: Iterable[int]) -> dict[int, Entry]:
         ids = list(ids)
         if not ids:
@@ -142,7 +155,7 @@ class EntryStore:
     ) -> tuple[int, int | None]:
         """Insert (or replace the entry with the same exact key); returns (new id, replaced id)."""
         blob = None if vector is None else np.ascontiguousarray(vector, dtype=np.float32).tobytes()
-        with self._db:
+        with self._transaction():
             old = self._db.execute("SELECT id FROM entries WHERE exact = ?", (exact,)).fetchone()
             if old:
                 self._db.execute("DELETE FROM entries WHERE id = ?", (old[0],))
@@ -171,7 +184,7 @@ class EntryStore:
 
     def touch_many(self, touches: dict[int, tuple[int, float]]) -> None:
         """Several hits in one transaction: entry id -> (hits, last used)."""
-        with self._db:
+        with self._transaction():
             self._db.executemany(
                 "UPDATE entries SET hits = hits + ?, last_used = MAX(last_used, ?) WHERE id = ?",
                 [(hits, used, entry_id) for entry_id, (hits, used) in touches.items()],
@@ -197,7 +210,7 @@ class EntryStore:
         return self._delete_where("exact = ?", (key,))
 
     def _delete_where(self, where: str, params: tuple[Any, ...]) -> list[int]:
-        with self._db:
+        with self._transaction():
             ids = [r[0] for r in self._db.execute(f"SELECT id FROM entries WHERE {where}", params)]
             if ids:
                 self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in ids])

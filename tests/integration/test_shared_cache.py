@@ -257,3 +257,18 @@ async def test_a_follower_that_resumes_after_the_stream_was_trimmed_past_it_take
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_store_where_nothing_was_ever_cached_is_not_snapshotted_again_and_again(valkey):
+    """No stream yet (nothing stored, or a store that came back empty): the periodic trim check
+    must not take a snapshot, a SCAN of the whole keyspace, every time it runs."""
+    policy = Policy.load(extra={"cache": {"enabled": True}})
+    cache = await open_shared_cache(policy, valkey.url, key_prefix="t:", connect_timeout_s=1.0, op_timeout_s=1.0,
+                                    stream_max_len=1000)  # fmt: skip
+    try:
+        await cache.catch_up(5.0)
+        assert (await cache.stats())["snapshots"] == 1
+        assert await cache._trimmed_past("0-0") is False
+        assert await cache._trimmed_past("1700000000000-0") is True  # had read events: the store lost them
+    finally:
+        await cache.close()
