@@ -32,16 +32,15 @@ import orjson
 from aiohttp import web
 
 from gateway.auth import require_admin, require_tenant_admin
-from gateway.errors import NotFound
 from gateway.keys import PRINCIPAL, REQUEST_ID, SERVICES, SETTINGS
 from gateway.pipeline.shadow import AGREE
 from gateway.pipeline.shadow import FILENAME as SHADOW_FILENAME
+from gateway.routes.usage import metered_telemetry
 from telemetry.dashboard import DashboardQuery, report, to_csv
 
 if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
     from gateway.services import Services
-    from telemetry import Telemetry
 
 ASSETS = Path(__file__).resolve().parents[1] / "dashboard"
 # The page runs only its own inlined script and talks only to this gateway.
@@ -63,14 +62,6 @@ def page() -> bytes:
     css = (ASSETS / "dashboard.css").read_text(encoding="utf-8")
     js = (ASSETS / "dashboard.js").read_text(encoding="utf-8")
     return html.replace("/*STYLE*/", css).replace("/*SCRIPT*/", js).encode("utf-8")
-
-
-def _telemetry(request: web.Request, services: Services | None) -> Telemetry:
-    services = services or request.app.get(SERVICES)
-    telemetry = services.telemetry if services is not None else None
-    if telemetry is None or not telemetry.config.metering:
-        raise NotFound("the dashboard needs metering: this gateway runs without it")
-    return telemetry
 
 
 def shadow_summary(path: Path, query: DashboardQuery) -> list[dict[str, Any]]:
@@ -120,7 +111,7 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
 
     async def dashboard_data(request: web.Request) -> web.Response:
         principal = require_admin(request.get(PRINCIPAL), "GET /v1/dashboard")
-        telemetry = _telemetry(request, services)
+        telemetry = metered_telemetry(request, services, "the dashboard needs metering: this gateway runs without it")
         query = DashboardQuery.parse(request.query, now=time.time())
         if not principal.global_admin:
             require_tenant_admin(principal, query.tenant or principal.tenant, "GET /v1/dashboard")

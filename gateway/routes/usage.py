@@ -26,11 +26,12 @@ if TYPE_CHECKING:
     from telemetry import Telemetry
 
 
-def _telemetry(request: web.Request, services: Services | None) -> Telemetry:
+def metered_telemetry(request: web.Request, services: Services | None, off: str) -> Telemetry:
+    """The gateway's telemetry when it meters (usage and the dashboard read its ledger), else 404 saying `off`."""
     services = services or request.app.get(SERVICES)
     telemetry = services.telemetry if services is not None else None
     if telemetry is None or not telemetry.config.metering:
-        raise NotFound("usage reporting is off: this gateway runs without metering")
+        raise NotFound(off)
     return telemetry
 
 
@@ -39,7 +40,7 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
 
     async def usage(request: web.Request) -> web.Response:
         principal = require_admin(request.get(PRINCIPAL), "GET /v1/usage")
-        telemetry = _telemetry(request, services)
+        telemetry = metered_telemetry(request, services, "usage reporting is off: this gateway runs without metering")
         query = telemetry.usage_query(request.query)
         if not principal.global_admin:
             require_tenant_admin(principal, query.filters.get("tenant", principal.tenant), "GET /v1/usage")

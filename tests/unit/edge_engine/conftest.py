@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from edge_engine import EdgeEngine, EdgeSettings
+from edge_engine.settings import SpeculativeSettings
+from edge_engine.speculative import DraftCost
 
 
 class EngineRunner:
@@ -48,5 +50,15 @@ def plain_runner() -> Iterator[EngineRunner]:
     r = EngineRunner(
         EdgeSettings(n_threads=1, prefix_reuse=False, max_queue=8, n_ctx=1024, slots=8, flash_attn=False, prefill_step_ms=None)
     )
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def spec_runner() -> Iterator[EngineRunner]:
+    """Drafts at any batch size and as long as a match allows: free draft rows in the cost model."""
+    spec = SpeculativeSettings(max_batch=64, min_acceptance=0.0, max_draft=12)
+    r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, max_queue=16, n_ctx=1024, slots=8, speculative=spec))
+    r.engine._scheduler.draft_cost = DraftCost(first=0.0, row=0.0)  # type: ignore[union-attr]
     yield r
     r.close()

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from edge_engine import EdgeSettings, GenerationEvent, SamplingParams, TokenInfo
+from edge_engine import GenerationEvent, SamplingParams, TokenInfo
 from edge_engine.confidence import token_info
 from edge_engine.errors import InvalidInput
-from edge_engine.settings import SpeculativeSettings
-from edge_engine.speculative import DraftCost
-from tests.unit.edge_engine.conftest import EngineRunner
 
 LOOPING = ["What is the capital of France?", "Tell a long story."]  # greedy SmolLM2 repeats to max_tokens
 GROUNDED = (
@@ -66,16 +62,6 @@ def test_token_info_is_the_log_softmax_of_the_raw_row() -> None:
 
 
 # ---- the engine ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spec_runner() -> Iterator[EngineRunner]:
-    """Drafts whenever a match allows (free draft rows), to check the rows of verified drafts."""
-    spec = SpeculativeSettings(max_batch=64, min_acceptance=0.0, max_draft=12)
-    r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, n_ctx=1024, slots=8, speculative=spec))
-    r.engine._scheduler.draft_cost = DraftCost(first=0.0, row=0.0)  # type: ignore[union-attr]
-    yield r
-    r.close()
 
 
 @pytest.mark.slow

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from edge_engine import EdgeSettings, SamplingParams
+from edge_engine import SamplingParams
 from edge_engine.errors import InvalidInput
 from edge_engine.json_mode import grammar_for
-from edge_engine.settings import SpeculativeSettings
-from edge_engine.speculative import DraftCost
-from tests.unit.edge_engine.conftest import EngineRunner
 
 PERSON = {
     "type": "object",
@@ -74,15 +70,6 @@ def test_schemas_that_cannot_be_converted_are_invalid_input(response_format) -> 
 
 
 # ---- the engine ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spec_runner() -> Iterator[EngineRunner]:
-    spec = SpeculativeSettings(max_batch=64, min_acceptance=0.0, max_draft=12)
-    r = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, n_ctx=1024, slots=8, speculative=spec))
-    r.engine._scheduler.draft_cost = DraftCost(first=0.0, row=0.0)  # type: ignore[union-attr]
-    yield r
-    r.close()
 
 
 @pytest.mark.slow

@@ -56,15 +56,6 @@ def off_runner() -> Iterator[EngineRunner]:
     r.close()
 
 
-@pytest.fixture(scope="module")
-def spec_runner() -> Iterator[EngineRunner]:
-    """Drafts at any batch size and as long as a match allows: free draft rows in the cost model."""
-    r = EngineRunner(_settings(max_batch=64, min_acceptance=0.0, max_draft=12))
-    r.engine._scheduler.draft_cost = DraftCost(first=0.0, row=0.0)  # type: ignore[union-attr]
-    yield r
-    r.close()
-
-
 def _drafted(runner: EngineRunner) -> tuple[int, int]:
     stats = runner.engine.stats()
     return stats["spec_drafted_tokens_total"], stats["spec_accepted_tokens_total"]
