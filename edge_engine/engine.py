@@ -18,6 +18,7 @@ from typing import Any
 from edge_engine.chat_template import ChatTemplate
 from edge_engine.errors import ContextTooLong, EngineBusy, InvalidInput
 from edge_engine.events import GenerationEvent, Sequence
+from edge_engine.grammar import GrammarCompiler
 from edge_engine.llama_model import LlamaModel
 from edge_engine.sampling import MAX_TOP_LOGPROBS, Priority, SamplingParams, check_grammar
 from edge_engine.scheduler import Scheduler
@@ -80,6 +81,8 @@ class EdgeEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._restarting: asyncio.Task[None] | None = None
         self._closing = False
+        # every grammar reaches llama.cpp through it: bounded, off the loop and the scheduler thread, cached
+        self.grammars = GrammarCompiler(self.settings.grammar, parse=self._parse_grammar)
 
     @property
     def model_name(self) -> str:
@@ -152,6 +155,7 @@ class EdgeEngine:
 
     async def close(self) -> None:
         self._closing = True
+        self.grammars.close()
         if self._restarting is not None:
             self._restarting.cancel()
             await asyncio.gather(self._restarting, return_exceptions=True)
@@ -160,6 +164,17 @@ class EdgeEngine:
         if self._model is not None:
             self._model.close()
             self._model = None
+
+    def _parse_grammar(self, grammar: str) -> None:
+        """llama.cpp's own parse of a grammar that passed the bounds (on the compiler's thread)."""
+        check_grammar(self._loaded().vocab, grammar)
+
+    async def compile_grammar(self, response_format: Mapping[str, Any] | None) -> str | None:
+        """The grammar of a `response_format` (None: plain text), bounded and parsed by llama.cpp, cached.
+
+        Raises InvalidInput for one the edge cannot express, GrammarTooComplex past edge.grammar.
+        """
+        return await self.grammars.compile(response_format)
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes in this model's vocabulary; safe from any thread."""
@@ -222,9 +237,10 @@ class EdgeEngine:
             raise InvalidInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
         if params.low_confidence_run < 0:
             raise InvalidInput("low_confidence_run must be 0 (off) or more", param="low_confidence_run")
-        if params.grammar:
-            # NOTE: here rather than on the scheduler thread, so a bad grammar is a 400 before any stream starts
-            await asyncio.to_thread(check_grammar, self._loaded().vocab, params.grammar)
+        if params.grammar and not self.grammars.known(params.grammar):
+            # NOTE: a grammar given as text gets the same bounds and parse as a compiled one, off the
+            # scheduler thread, so a bad one is a 400 before any stream starts
+            await self.grammars.verify(params.grammar)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
 

@@ -6,15 +6,27 @@ from __future__ import annotations
 class EngineError(Exception):
     """A request the engine could not serve. `param` names the request field at fault, if one is."""
 
-    def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
+    code: str | None = None  # a stable machine-readable reason, where the class alone does not say it
+
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: float | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        if code is not None:
+            self.code = code
 
 
 class InvalidInput(EngineError):
     """The request itself is wrong for this model (bad token ids, template refused the messages)."""
+
+
+class GrammarTooComplex(InvalidInput):
+    """A JSON-mode schema or grammar past the engine's bounds (edge.grammar): too costly to run here."""
+
+    code = "grammar_too_complex"
 
 
 class ContextTooLong(InvalidInput):

@@ -79,6 +79,8 @@ class Sequence:
     loops: LoopDetector | None = None  # None: stop_on_loop off
     low_confidence: LowConfidenceRun | None = None
     first_token_at: float | None = None
+    admitted_at: float = 0.0  # when it took a slot (edge.max_request_s counts from here)
+    sampling_s: float = 0.0  # time its grammar sampler took in all (edge.grammar.max_sampling_ms)
     # speculative decoding (scheduler.py): whether this sequence may draft, its recent record
     # (draft tokens kept, drafts cut short; both decay) per kind of match, decode steps to wait,
     # times paused

@@ -21,12 +21,41 @@ _GGML_TYPES = {
 }
 
 log = logging.getLogger(__name__)
+llama_log = logging.getLogger("edge_engine.llama_cpp")
+
+# ggml_log_level as this llama.cpp defines it (ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5).
+# NOTE: llama-cpp-python's own log filter still maps the older numbering (INFO 1, WARN 2), so with
+# it set to warnings every info line went out: its callback is replaced by this one.
+_WARN, _ERROR, _CONT = 3, 4, 5
+_last_level = 0
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _forward_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's log, warnings and errors only, through Python logging (its info lines are dropped).
+
+    NOTE: a request's grammar or prompt never reaches this log at info level; llama.cpp prints a
+    grammar it fails to parse straight to stderr, which the bounds of edge_engine/grammar.py keep small.
+    """
+    global _last_level
+    if level != _CONT:
+        _last_level = level
+    if _last_level in (_WARN, _ERROR):
+        message = text.decode("utf-8", errors="replace").rstrip()
+        if message:
+            llama_log.log(logging.WARNING if _last_level == _WARN else logging.ERROR, "%s", message[:2000])
+
+
+def quiet_llama_log() -> None:
+    """Routes llama.cpp's log through `_forward_log` (kept alive at module level, as ctypes needs)."""
+    llama_cpp.llama_log_set(_forward_log, ctypes.c_void_p(0))
 
 
 class LlamaModel:
     """Loaded GGUF weights and vocabulary; tokenising only reads the vocabulary, so it is thread-safe."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, extra_buffers: bool = False) -> None:
+        quiet_llama_log()
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers

@@ -24,11 +24,11 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from edge_engine.confidence import token_info
 from edge_engine.degeneration import LoopDetector, LowConfidenceRun
-from edge_engine.errors import EngineBusy, EngineFailure, InvalidInput
+from edge_engine.errors import EngineBusy, EngineFailure, GrammarTooComplex, InvalidInput
 from edge_engine.events import GenerationEvent, PrefixEntry, Sequence, TokenInfo
 from edge_engine.llama_model import BatchEntry, LlamaContext, LlamaModel
 from edge_engine.prefix_cache import PrefixCache
@@ -42,6 +42,7 @@ from edge_engine.text import TokenText
 log = logging.getLogger(__name__)
 
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the context is no longer trusted
+TENANTS_SEEN_S = 60.0  # a tenant that submitted this recently shares the slots (edge.tenant_slot_share)
 # A sequence's acceptance: draft tokens kept against drafts cut short, decayed per draft, over a
 # prior from the match length worth PRIOR_WEIGHT drafts; it sets the draft length through the
 # cost model (speculative.py).
@@ -67,6 +68,7 @@ class Scheduler:
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap on (priority, arrival)
         self._cancelled: list[Sequence] = []
         self._stopping = False
+        self._seen: dict[str, float] = {}  # tenant (scope) -> when it last submitted
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._active: list[Sequence] = []
@@ -135,6 +137,18 @@ class Scheduler:
                 raise EngineBusy(
                     f"the edge engine queue is full ({len(self._waiting)} requests waiting); retry later",
                     retry_after=self._retry_after(len(self._waiting)),
+                )
+            now = time.perf_counter()
+            self._seen[seq.scope] = now
+            if len(self._seen) > 1024:
+                self._seen = {k: t for k, t in self._seen.items() if now - t < TENANTS_SEEN_S}
+            own = sum(1 for w in self._waiting if w[2].scope == seq.scope)
+            if own >= self.settings.tenant_max_queue and self._shared(now):
+                # NOTE: one tenant may not fill the whole queue while others are about: the rest stays theirs
+                self.stats.rejected_total += 1
+                raise EngineBusy(
+                    f"this tenant already has {own} requests waiting for the edge engine; retry later",
+                    retry_after=self._retry_after(own),
                 )
             seq.order = next(self._order)
             heapq.heappush(self._waiting, (int(seq.priority), seq.order, seq))
@@ -274,9 +288,10 @@ class Scheduler:
         assert self.ctx is not None and self._prefixes is not None
         while self._free_ids:
             with self._cond:
-                if not self._waiting:
+                picked = self._next_waiting()
+                if picked is None:
                     return
-                seq = self._waiting[0][2]
+                seq = picked[2]
             source, shared = self._prefixes.best(seq.prompt, seq.scope, self._active)
             entry = source if isinstance(source, PrefixEntry) else None
             borrowed = shared if entry is not None else 0
@@ -284,8 +299,10 @@ class Scheduler:
             if not self._prefixes.make_room(need, self._reserved, keep=entry):
                 return  # the head of the queue waits for cells; order is kept
             with self._cond:
-                heapq.heappop(self._waiting)
+                self._waiting.remove(picked)
+                heapq.heapify(self._waiting)
             seq.seq_id = heapq.heappop(self._free_ids)
+            seq.admitted_at = time.perf_counter()
             self.ctx.seq_rm(seq.seq_id)
             if source is not None and shared:
                 self.ctx.copy_prefix(source.seq_id, seq.seq_id, shared)
@@ -325,6 +342,47 @@ class Scheduler:
                 continue
             self.stats.requests_total += 1
             self.stats.cached_tokens_total += seq.cached
+
+    def _next_waiting(self) -> tuple[int, int, Sequence] | None:
+        """The waiting request that gets the next free slot (under `_cond`); None: none may have it now.
+
+        NOTE: fair between tenants (a request's scope): by priority, then the tenant with the
+        fewest running requests, then arrival. While another tenant is running, waiting, or
+        submitted within TENANTS_SEEN_S, no tenant takes more than edge.tenant_slot_share of the
+        slots, so the rest stay free for the others: another tenant's request is admitted at the
+        next step and its prompt goes first (the shortest ingestion left goes first).
+        """
+        if not self._waiting:
+            return None
+        running: dict[str, int] = {}
+        for active in self._active:
+            running[active.scope] = running.get(active.scope, 0) + 1
+        cap = self.settings.tenant_max_slots if self._shared(time.perf_counter(), running) else self.settings.slots
+        best: tuple[int, int, Sequence] | None = None
+        best_key: tuple[int, int, int] | None = None
+        for entry in self._waiting:
+            held = running.get(entry[2].scope, 0)
+            if held >= cap:
+                continue
+            key = (entry[0], held, entry[1])
+            if best_key is None or key < best_key:
+                best, best_key = entry, key
+        return best
+
+    def _shared(self, now: float, running: Iterable[str] = ()) -> bool:
+        """Whether more than one tenant is about (under `_cond`): submitted within TENANTS_SEEN_S, waiting,
+        or in `running` (the scheduler thread passes its active tenants): then the shares apply."""
+        first: str | None = None
+        for scope, seen_at in self._seen.items():
+            if now - seen_at < TENANTS_SEEN_S:
+                if first is None:
+                    first = scope
+                elif scope != first:
+                    return True
+        scopes = set(running) | {w[2].scope for w in self._waiting}
+        if first is not None:
+            scopes.add(first)
+        return len(scopes) > 1
 
     def _decode_turn(self, now: float) -> bool:
         """Whether this step decodes the running sequences rather than ingesting prompts."""
@@ -411,9 +469,13 @@ class Scheduler:
         for seq, index, draft in rows:
             # the model's own token after each kept one, up to the first that differs from the draft
             assert seq.sampler is not None
+            timed = seq.sampler.grammar is not None
+            began = time.perf_counter() if timed else 0.0
             tokens = [self.ctx.sample(seq.sampler, index)]
             while len(tokens) <= len(draft) and tokens[-1] == draft[len(tokens) - 1]:
                 tokens.append(self.ctx.sample(seq.sampler, index + len(tokens)))
+            if timed:
+                seq.sampling_s += time.perf_counter() - began
             # each token's confidence from its own row (sampling leaves the logits as they were)
             k = seq.params.top_logprobs
             infos = [
@@ -429,7 +491,17 @@ class Scheduler:
                 self._judge(seq, len(draft), len(tokens) - 1)
             verified.append((seq, tokens, infos))
         self.stats.record_step(n_prompt, n_decode)
+        limit_s = self.settings.grammar.max_sampling_ms / 1000.0
         for seq, tokens, infos in verified:
+            if seq.sampling_s > limit_s:
+                # NOTE: grammar work is this request's own, and it delays every sequence in the step
+                self.stats.grammar_stops_total += 1
+                seq.deliver(GrammarTooComplex(
+                    f"this request's grammar took more than {limit_s:g} s of sampling; simplify the response_format",
+                    param="response_format",
+                ))
+                self._release(seq, keep_prefix=False)
+                continue
             for token, info in zip(tokens, infos):
                 # NOTE: token by token, as without drafts: a stop string, an end-of-generation
                 # token, a loop or max_tokens ends the sequence at the same token, even mid-draft.
@@ -530,7 +602,7 @@ class Scheduler:
             self.stats.low_confidence_stops_total += 1
             rest, more = seq.text.finish()
             self._finish(seq, text + rest, infos + more, "low_confidence")
-        elif seq.generated >= seq.max_new:
+        elif seq.generated >= seq.max_new or now - seq.admitted_at >= self.settings.max_request_s:
             rest, more = seq.text.finish()
             self._finish(seq, text + rest, infos + more, "length")
         else:

@@ -89,6 +89,35 @@ class SpeculativeSettings(BaseModel):
         return value
 
 
+class GrammarSettings(BaseModel):
+    """What one JSON-mode request may make the engine do (the `edge.grammar` section).
+
+    Checked before anything reaches llama.cpp, in the one path the capability check and the
+    engine share (edge_engine/grammar.py): the schema before it is converted (its size, enum
+    values, and every length, count or `{m,n}` bound, which the converter writes out once per
+    repetition), the grammar after (its size, rules, nesting, alternatives), then llama.cpp's own
+    parse, off the scheduler thread with a deadline. Past any bound `auto` traffic goes upstream
+    (`capability:json_schema`) and a request pinned to the edge gets a 400 `grammar_too_complex`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_schema_bytes: int = Field(32_768, ge=256, description="largest response_format, as compact JSON")
+    max_enum_values: int = Field(512, ge=1, description="most enum and const values in one schema, all counted")
+    max_bound: int = Field(
+        1000, ge=1, description="largest minLength/maxLength/minItems/maxItems/{m,n} bound (a pattern's nested bounds multiply)"
+    )
+    max_grammar_bytes: int = Field(65_536, ge=1024, description="largest grammar the schema may become")
+    max_rules: int = Field(1000, ge=1, description="most rules in that grammar")
+    max_depth: int = Field(1100, ge=8, description="deepest nesting of groups in one rule (llama.cpp parses it recursively)")
+    max_alternatives: int = Field(2048, ge=1, description="most alternatives (|) in the grammar: each is checked per token")
+    compile_timeout_s: float = Field(2.0, gt=0, description="longest a grammar may take to convert and parse")
+    cache_entries: int = Field(256, ge=0, description="compiled grammars (and refusals) kept, by schema")
+    max_sampling_ms: float = Field(
+        10_000.0, gt=0, description="grammar sampling time one request may use in all; past it the request fails"
+    )
+
+
 def _default_threads() -> int:
     # NOTE: one core is left to the event loop and the embedder: llama.cpp's spinning threads
     # collapse throughput when they share every core with other work.
@@ -187,6 +216,20 @@ class EdgeSettings(BaseModel):
     speculative: SpeculativeSettings = Field(
         default_factory=SpeculativeSettings, description="prompt-lookup speculative decoding (exact, greedy requests)"
     )
+    grammar: GrammarSettings = Field(
+        default_factory=GrammarSettings, description="bounds on JSON-mode grammars (per request)"
+    )
+    # Fairness between tenants (a request's `scope`, its tenant): no tenant holds every slot or
+    # fills the whole queue, and a free slot goes to the tenant with the fewest running.
+    tenant_slot_share: float = Field(
+        0.75, gt=0, le=1, description="most of the slots one tenant may hold at once (at least one)"
+    )
+    tenant_queue_share: float = Field(
+        0.75, gt=0, le=1, description="most of the queue (max_queue) one tenant's waiting requests may take"
+    )
+    max_request_s: float = Field(
+        300.0, gt=0, description="longest a request may run in the scheduler; then it ends with finish_reason length"
+    )
 
     @field_validator("n_threads", mode="before")
     @classmethod
@@ -215,3 +258,11 @@ class EdgeSettings(BaseModel):
     @property
     def n_seq_max(self) -> int:
         return self.slots + self.prefix_slots
+
+    @property
+    def tenant_max_slots(self) -> int:
+        return max(1, int(self.slots * self.tenant_slot_share))
+
+    @property
+    def tenant_max_queue(self) -> int:
+        return max(1, int(self.max_queue * self.tenant_queue_share))

@@ -30,6 +30,7 @@ class EngineStats:
     spec_steps_total: int = 0  # drafts verified (one per sequence per step that drafted)
     spec_skipped_steps_total: int = 0  # decode steps with drafts possible that had too many sequences
     loop_stops_total: int = 0  # sequences ended because their output repeated itself (finish_reason "loop")
+    grammar_stops_total: int = 0  # sequences failed for using more grammar sampling time than edge.grammar allows
     low_confidence_stops_total: int = 0  # ended on a run of low-confidence tokens ("low_confidence")
 
     def record_step(self, n_prefill: int, n_decode: int) -> None:
@@ -66,6 +67,7 @@ class EngineStats:
                 "spec_drafts_total": self.spec_steps_total,
                 "spec_skipped_steps_total": self.spec_skipped_steps_total,
                 "loop_stops_total": self.loop_stops_total,
+                "grammar_stops_total": self.grammar_stops_total,
                 "low_confidence_stops_total": self.low_confidence_stops_total,
             }
             drafted = self.spec_drafted_total

@@ -6,10 +6,11 @@ pinned to the edge gets a 400 naming the parameter, never a silently different a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edge_engine.errors import EngineError
 from gateway.errors import InvalidRequest
 
 # Top-level fields the edge lane honours, or that change nothing about the answer itself
@@ -37,6 +38,7 @@ class Gap:
     capability: str  # tools | json_schema | image | audio | context | n | ...
     param: str  # the request parameter that asks for it
     detail: str
+    code: str = "unsupported_on_edge"  # the 400's code when the request is pinned to the edge
 
     @property
     def reason(self) -> str:
@@ -49,8 +51,11 @@ class Gap:
             f"the edge lane does not support {self.detail}; send it with model 'auto' or to an "
             f"upstream model",
             param=self.param,
-            code="unsupported_on_edge",
+            code=self.code,
         )
+
+
+GrammarCompile = Callable[[Mapping[str, Any]], Awaitable[object]]
 
 
 class EdgeCapabilities:
@@ -58,25 +63,33 @@ class EdgeCapabilities:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        try:
-            from edge_engine.json_mode import grammar_for
-        except ImportError:  # an engine build without JSON mode
-            self.grammar_for: Callable[[Mapping[str, Any]], object] | None = None
-        else:
-            self.grammar_for = grammar_for
+        # NOTE: the engine's own compiler (edge_engine/grammar.py): the check and the engine take the
+        # same bounded path to llama.cpp, so nothing passes here that the engine refuses later.
+        self.compile: GrammarCompile | None = getattr(engine, "compile_grammar", None)
         settings = getattr(engine, "settings", None)
         self.default_max_tokens = int(getattr(settings, "default_max_tokens", 256) or 256)
 
-    def gaps(self, operation: str, body: Mapping[str, Any], *, context: bool = True) -> list[Gap]:
+    async def gaps(self, operation: str, body: Mapping[str, Any], *, context: bool = True) -> list[Gap]:
         """The features of `body` the edge cannot serve. `context=False` leaves the size check to
         the engine, which counts tokens exactly (for requests pinned to the edge)."""
         n_ctx = int(getattr(self.engine, "n_ctx", 0) or 0) if context else 0
-        return edge_gaps(operation, body, context_tokens=n_ctx, grammar_for=self.grammar_for,
+        gaps = edge_gaps(operation, body, context_tokens=n_ctx, json_mode=self.compile is not None,
                          default_max_tokens=self.default_max_tokens)
+        response_format = body.get("response_format")
+        if (self.compile is not None and operation in ("chat", "completions") and _structured(response_format)
+                and not any(g.param == "response_format" for g in gaps)):
+            assert isinstance(response_format, Mapping)
+            try:
+                await self.compile(response_format)
+            except EngineError as exc:
+                kind = "json_schema" if response_format.get("type") == "json_schema" else "json"
+                gaps.append(Gap(kind, "response_format", f"this response_format ({_first_line(exc)})",
+                                code=exc.code or "unsupported_on_edge"))
+        return gaps
 
-    def check_pinned(self, operation: str, body: Mapping[str, Any]) -> None:
+    async def check_pinned(self, operation: str, body: Mapping[str, Any]) -> None:
         """Raises the 400 of the first feature a request pinned to the edge lane asks for in vain."""
-        gaps = self.gaps(operation, body, context=False)
+        gaps = await self.gaps(operation, body, context=False)
         if gaps:
             raise gaps[0].error()
 
@@ -86,14 +99,14 @@ def edge_gaps(
     body: Mapping[str, Any],
     *,
     context_tokens: int,
-    grammar_for: Callable[[Mapping[str, Any]], object] | None,
+    json_mode: bool,
     default_max_tokens: int,
 ) -> list[Gap]:
-    """Every feature of `body` that the edge lane cannot serve (empty: the edge can answer it).
+    """Every feature of `body` that the edge lane cannot serve, but whether its grammar compiles
+    (EdgeCapabilities.gaps asks the engine's compiler for that).
 
-    `context_tokens`: the edge model's context window (0: unknown, not checked);
-    `grammar_for`: compiles a `response_format` to a grammar, raising ValueError-like errors for
-    schemas it cannot express; None when the engine has no JSON mode.
+    `context_tokens`: the edge model's context window (0: unknown, not checked); `json_mode`:
+    whether the engine constrains output by a grammar at all.
     """
     if operation not in ("chat", "completions"):
         return []
@@ -126,10 +139,14 @@ def edge_gaps(
     if isinstance(prompt, list) and (len(prompt) > 1 and not all(isinstance(t, int) for t in prompt)):
         gaps.append(Gap("batch", "prompt", "several prompts in one request"))
     gaps.extend(_messages(body.get("messages")))
-    gaps.extend(_response_format(body.get("response_format"), grammar_for))
+    gaps.extend(_response_format(body.get("response_format"), json_mode))
     if context_tokens > 0:
         gaps.extend(_context(operation, body, context_tokens, default_max_tokens))
     return gaps
+
+
+def _structured(value: Any) -> bool:
+    return isinstance(value, Mapping) and value.get("type") in ("json_object", "json_schema")
 
 
 def _present(value: Any) -> bool:
@@ -160,17 +177,13 @@ def _messages(messages: Any) -> list[Gap]:
     return gaps
 
 
-def _response_format(value: Any, grammar_for: Callable[[Mapping[str, Any]], object] | None) -> list[Gap]:
+def _response_format(value: Any, json_mode: bool) -> list[Gap]:
     if not isinstance(value, Mapping) or value.get("type") in (None, "text"):
         return []
     kind = value.get("type")
     capability = "json_schema" if kind == "json_schema" else "json" if kind == "json_object" else "response_format"
-    if grammar_for is None or capability == "response_format":
+    if not json_mode or capability == "response_format":
         return [Gap(capability, "response_format", f"response_format {kind!r}")]
-    try:
-        grammar_for(value)
-    except Exception as exc:  # noqa: BLE001 - any schema the grammar compiler cannot express
-        return [Gap(capability, "response_format", f"this response_format ({_first_line(exc)})")]
     return []
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams, TokenInfo
 from edge_engine.errors import ContextTooLong, EngineBusy, EngineError, InvalidInput
-from edge_engine.json_mode import grammar_for
 from gateway.capabilities import EdgeCapabilities
 from gateway.cascade import EdgeJudge, Escalate
 from gateway.context import Answer, RequestContext, Usage
@@ -24,7 +23,7 @@ def gateway_error(exc: EngineError) -> GatewayError:
     if isinstance(exc, ContextTooLong):
         return ContextLengthExceeded(exc.message, param=exc.param)
     if isinstance(exc, InvalidInput):
-        return InvalidRequest(exc.message, param=exc.param)
+        return InvalidRequest(exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, EngineBusy):
         return Overloaded(exc.message, retry_after=exc.retry_after)
     # a failed step: the engine recovered, this answer is lost; the client may retry
@@ -48,7 +47,6 @@ def sampling_from_request(wire: WireRequest) -> SamplingParams:
         seed=wire.seed,  # type: ignore[union-attr]
         stop=stops,
         top_logprobs=_top_logprobs(wire),
-        grammar=_grammar(getattr(wire, "response_format", None)),
     )
 
 
@@ -60,13 +58,14 @@ def _top_logprobs(wire: WireRequest) -> int:
     return int(value or 0)
 
 
-def _grammar(response_format: dict[str, Any] | None) -> str | None:
+async def _grammar(engine: EdgeEngine, response_format: dict[str, Any] | None) -> str | None:
+    """The request's grammar from the engine's bounded, cached compiler (the capability check's too)."""
     if not response_format:
         return None
     try:
-        return grammar_for(response_format)
+        return await engine.compile_grammar(response_format)
     except InvalidInput as exc:
-        raise InvalidRequest(exc.message, param=exc.param or "response_format", code="unsupported_on_edge") from None
+        raise InvalidRequest(exc.message, param=exc.param or "response_format", code=exc.code or "unsupported_on_edge") from None
 
 
 def prefix_scope(ctx: RequestContext) -> str:
@@ -103,8 +102,9 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
     assert ctx.request is not None, "the route handler validates the request first"
     # NOTE: the route stage already sent `auto` traffic that needs more upstream; this refuses
     # what reaches the edge anyway (pinned, or routing off) instead of answering it differently.
-    capabilities(engine).check_pinned(ctx.operation, ctx.body)
+    await capabilities(engine).check_pinned(ctx.operation, ctx.body)
     params = sampling_from_request(ctx.request)
+    params.grammar = await _grammar(engine, getattr(ctx.request, "response_format", None))
     if judge is not None and judge.escalate:
         params.low_confidence_run = judge.low_confidence_run
         params.low_confidence_logprob = judge.low_confidence_logprob

@@ -84,7 +84,7 @@ class RouteStage:
         if header in FORCEABLE:
             lane, reason = self._reachable(header, "forced", rules)
             if lane == "edge":
-                self._check_pinned(ctx)
+                await self._check_pinned(ctx)
             score = await self._free_score(ctx)
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
             return None
@@ -94,7 +94,7 @@ class RouteStage:
                 f"no lane this tenant/app may use is running (allowed: {', '.join(rules.lanes)})"
             )
         if "edge" in usable and self.capabilities is not None:
-            gaps = self.capabilities.gaps(ctx.operation, ctx.body)
+            gaps = await self.capabilities.gaps(ctx.operation, ctx.body)
             if gaps:
                 ctx.attributes["tierlane.route.capabilities"] = ",".join(sorted({g.capability for g in gaps}))
                 if usable == ["edge"]:
@@ -141,14 +141,14 @@ class RouteStage:
                 param="model",
             )
         if ctx.lane == "edge":
-            self._check_pinned(ctx)
+            await self._check_pinned(ctx)
         score = await self._free_score(ctx)
         ctx.route = RouteDecision(ctx.lane, score, "forced" if forced else "explicit_model", rules.threshold)
         self._annotate(ctx, ctx.route, None)
 
-    def _check_pinned(self, ctx: RequestContext) -> None:
+    async def _check_pinned(self, ctx: RequestContext) -> None:
         if self.capabilities is not None:
-            self.capabilities.check_pinned(ctx.operation, ctx.body)
+            await self.capabilities.check_pinned(ctx.operation, ctx.body)
 
     def _reachable(self, lane: str, reason: str, rules: RouteRules) -> tuple[str, str]:
         if not rules.allows(lane):

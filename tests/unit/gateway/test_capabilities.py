@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from edge_engine.grammar import GrammarCompiler
+from edge_engine.settings import GrammarSettings
 from gateway.capabilities import EdgeCapabilities, edge_gaps
 from gateway.errors import InvalidRequest
 
@@ -14,14 +17,16 @@ USER = [{"role": "user", "content": "What is 2+2?"}]
 
 
 def gaps(body: dict[str, Any], operation: str = "chat", n_ctx: int = 2048, json_ok: bool = True) -> list[tuple[str, str]]:
-    def grammar_for(fmt: Any) -> str:
-        schema = fmt.get("json_schema", {}).get("schema", {})
-        if schema.get("type") == "unsupported":
-            raise ValueError("cannot express this schema\nsecond line")
-        return "root ::= x"
-
-    found = edge_gaps(operation, {"model": "auto", **body}, context_tokens=n_ctx,
-                      grammar_for=grammar_for if json_ok else None, default_max_tokens=256)
+    """The gaps an engine with this window finds; its grammars compiled by the real, bounded converter
+    (llama.cpp's own parse is left out here: tests/unit/edge_engine/test_grammar_bounds.py runs it)."""
+    compiler = GrammarCompiler(GrammarSettings())
+    engine = SimpleNamespace(n_ctx=n_ctx, settings=SimpleNamespace(default_max_tokens=256))
+    if json_ok:
+        engine.compile_grammar = compiler.compile
+    try:
+        found = asyncio.run(EdgeCapabilities(engine).gaps(operation, {"model": "auto", **body}))
+    finally:
+        compiler.close()
     return [(g.capability, g.param) for g in found]
 
 
@@ -42,7 +47,11 @@ def test_a_plain_request_has_no_gaps() -> None:
     ({"modalities": ["text", "audio"]}, [("param", "modalities")]),
     ({"response_format": {"type": "json_object"}}, []),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, []),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "unsupported"}}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}},
+     [("json_schema", "response_format")]),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "maxLength": 30000}}}},
+     [("json_schema", "response_format")]),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": list(range(5000))}}}},
      [("json_schema", "response_format")]),
     ({"response_format": {"type": "text"}}, []),
 ])
@@ -90,7 +99,7 @@ def test_embeddings_are_never_checked() -> None:
 
 
 def test_a_gap_reads_as_a_route_reason_and_a_400() -> None:
-    gap = edge_gaps("chat", {"messages": USER, "tools": [{}]}, context_tokens=0, grammar_for=None,
+    gap = edge_gaps("chat", {"messages": USER, "tools": [{}]}, context_tokens=0, json_mode=False,
                     default_max_tokens=16)[0]
     assert gap.reason == "capability:tools"
     error = gap.error()
@@ -103,8 +112,21 @@ def test_pinned_requests_leave_the_size_to_the_engine() -> None:
     engine = SimpleNamespace(n_ctx=64, settings=SimpleNamespace(default_max_tokens=16))
     caps = EdgeCapabilities(engine)
     big = {"model": "edge", "messages": USER, "max_tokens": 1000}
-    assert [g.capability for g in caps.gaps("chat", big)] == ["context"]
-    caps.check_pinned("chat", big)  # the engine counts tokens exactly and decides
+    assert [g.capability for g in asyncio.run(caps.gaps("chat", big))] == ["context"]
+    asyncio.run(caps.check_pinned("chat", big))  # the engine counts tokens exactly and decides
     with pytest.raises(InvalidRequest) as info:
-        caps.check_pinned("chat", {**big, "n": 3})
+        asyncio.run(caps.check_pinned("chat", {**big, "n": 3}))
     assert info.value.param == "n"
+
+
+def test_a_schema_past_the_bounds_is_a_400_with_a_stable_code_when_pinned() -> None:
+    compiler = GrammarCompiler(GrammarSettings())
+    engine = SimpleNamespace(n_ctx=2048, settings=SimpleNamespace(default_max_tokens=16), compile_grammar=compiler.compile)
+    body = {"model": "edge", "messages": USER,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 30000}}}}
+    try:
+        with pytest.raises(InvalidRequest) as info:
+            asyncio.run(EdgeCapabilities(engine).check_pinned("chat", body))
+    finally:
+        compiler.close()
+    assert info.value.param == "response_format" and info.value.code == "grammar_too_complex"
