@@ -86,6 +86,11 @@ class AuthSettings(_Strict):
         False, description="let open mode listen on a non-loopback address (anyone who reaches it is admin)"
     )
 
+    @model_validator(mode="after")
+    def _one_entry_per_key(self) -> AuthSettings:
+        check_unique_digests([{"sha256": k.sha256} for k in self.keys], [f"auth.keys[{i}]" for i in range(len(self.keys))])
+        return self
+
 
 class UpstreamSettings(_Strict):
     name: str
@@ -168,12 +173,18 @@ class StateSettings(_Strict):
     key_prefix: str = Field("tierlane:", description="prefix of every key (the tenant follows as the hash tag {tenant})")
     connect_timeout_ms: float = Field(200.0, gt=0)
     op_timeout_ms: float = Field(100.0, gt=0, description="no request waits on the store longer than this")
-    on_store_error: Literal["allow", "deny"] = Field(
-        "allow", description="store down or slow: allow = admit (see fallback_limits) and count it; deny = 503 with Retry-After"
+    on_outage: Literal["deny", "local_share", "allow"] = Field(
+        "local_share",
+        description="store down or slow: local_share = admit against this replica's share of what was left; "
+        "allow = against this replica's own limits (see fallback_limits); deny = 503 with Retry-After",
+    )
+    on_store_error: Literal["allow", "deny"] | None = Field(
+        None, description="older name: deny = on_outage deny, allow = on_outage allow (used when on_outage is not set)"
     )
     fallback_limits: Literal["local", "none"] = Field(
-        "local", description="with allow: local = each replica enforces the limits alone meanwhile; none = no check"
+        "local", description="with on_outage allow: local = each replica enforces the limits alone meanwhile; none = no check"
     )
+    heartbeat_s: float = Field(5.0, gt=0, description="how often a replica tells the store it is alive (replicas for local_share)")
     hold_ttl_s: float = Field(900.0, gt=0, description="a reservation no replica settled (it died) is released after this")
     stream_batch_tokens: int = Field(32, ge=1, description="streams are charged to the store every this many tokens")
     stream_batch_ms: float = Field(250.0, ge=0, description="... or this often, whichever comes first")
@@ -183,6 +194,12 @@ class StateSettings(_Strict):
         description="the semantic cache's vector stream keeps about this many events (replicas follow it; one that starts, "
         "or falls further behind, catches up from a snapshot of the entries)",
     )
+
+    @model_validator(mode="after")
+    def _older_outage_name(self) -> StateSettings:
+        if self.on_store_error is not None and "on_outage" not in self.model_fields_set:
+            self.on_outage = self.on_store_error
+        return self
 
     @field_validator("url")
     @classmethod
@@ -244,13 +261,40 @@ class Settings(_Strict):
         if overrides:
             data = _deep_merge(data, overrides)
         auth = data.get("auth")
-        if isinstance(auth, Mapping) and auth.get("keys_file") and isinstance(auth.get("keys") or [], list):
-            data["auth"] = {**auth, "keys": [*(auth.get("keys") or []), *read_keys_file(auth["keys_file"])]}
+        if isinstance(auth, Mapping) and isinstance(auth.get("keys") or [], list):
+            inline = list(auth.get("keys") or [])
+            places = [f"auth.keys[{i}]" for i in range(len(inline))]
+            if auth.get("keys_file"):
+                from_file = read_keys_file(auth["keys_file"])
+                places += [f"auth.keys_file {str(auth['keys_file'])!r} entry {j}" for j in range(len(from_file))]
+                inline += from_file
+                data["auth"] = {**auth, "keys": inline}
+            check_unique_digests(inline, places)
         settings = cls.model_validate(data)
         for upstream in settings.upstreams:
             if upstream.api_key_env:
                 upstream.api_key = env.get(upstream.api_key_env)
         return settings
+
+
+def check_unique_digests(entries: list[Any], places: list[str]) -> None:
+    """Refuses a key digest listed twice (compared case-insensitively), naming both places.
+
+    NOTE: a duplicate is never resolved by order: the later entry could silently make a client
+    key an admin of another tenant.
+    """
+    seen: dict[str, str] = {}
+    for entry, place in zip(entries, places):
+        digest = entry.get("sha256") if isinstance(entry, Mapping) else None
+        if not isinstance(digest, str):
+            continue  # the model validation names what is wrong with it
+        digest = digest.strip().lower()
+        if digest in seen:
+            raise ValueError(
+                f"the API key digest {digest[:12]}... is listed twice: {seen[digest]} and {place}; "
+                "each key may appear once across auth.keys and auth.keys_file"
+            )
+        seen[digest] = place
 
 
 def read_keys_file(path: str | Path) -> list[Any]:

@@ -23,7 +23,6 @@ histograms (bins 1/16 of a doubling wide: within 4.4% of the exact value).
 from __future__ import annotations
 
 import asyncio
-import csv
 import datetime as dt
 import functools
 import io
@@ -39,6 +38,7 @@ import numpy as np
 
 from policies.budgets import Budgets, Limits
 from policies.errors import InvalidInput
+from telemetry.csv_safe import SafeWriter
 from telemetry.ledger import (
     HIST_LEVELS,
     LOG_BINS_PER_DOUBLING,
@@ -49,7 +49,7 @@ from telemetry.ledger import (
     Ledger,
     hist_source_sql,
 )
-from telemetry.timefmt import MAX_TS, MIN_TS, iso_time
+from telemetry.timefmt import MAX_TS, MIN_TS, TIME_BOUNDS, iso_time
 from telemetry.usage import MEASURES, UsageQuery
 
 if TYPE_CHECKING:
@@ -104,7 +104,11 @@ def zone_of(name: str) -> dt.tzinfo:
 
 def parse_local_time(raw: Any, param: str, zone: dt.tzinfo, *, end_of_day: bool) -> float:
     """Unix seconds, a date (local midnight in `zone`; with end_of_day the next local midnight) or an
-    ISO datetime (in `zone` when it names no offset)."""
+    ISO datetime (in `zone` when it names no offset).
+
+    Raises InvalidInput naming `param` for garbage and for times outside MIN_TS .. MAX_TS
+    (1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z); the end of the day 9999-12-31 is MAX_TS.
+    """
     text = str(raw).strip()
     try:
         number: float | None = float(text)
@@ -115,9 +119,11 @@ def parse_local_time(raw: Any, param: str, zone: dt.tzinfo, *, end_of_day: bool)
             ts = number
         elif len(text) == 10:
             day = dt.date.fromisoformat(text)
-            if end_of_day:
-                day = day + dt.timedelta(days=1)
             ts = dt.datetime.combine(day, dt.time(), zone).timestamp()
+            if end_of_day:
+                # NOTE: the last day of the calendar has no next day to take midnight of
+                nxt = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), zone).timestamp() if day < dt.date.max else ts + 86400.0
+                ts = min(nxt, MAX_TS) if MIN_TS <= ts <= MAX_TS else nxt
         else:
             moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
             if moment.tzinfo is None:
@@ -128,8 +134,13 @@ def parse_local_time(raw: Any, param: str, zone: dt.tzinfo, *, end_of_day: bool)
             f"`{param}` must be unix seconds, YYYY-MM-DD or an ISO 8601 datetime, got {text!r}", param=param
         ) from None
     if not math.isfinite(ts) or not MIN_TS <= ts <= MAX_TS:
-        raise InvalidInput(f"`{param}` must lie between 1970-01-01 and 9999-12-31, got {text!r}", param=param)
+        raise InvalidInput(f"`{param}` must lie between {TIME_BOUNDS}, got {text!r}", param=param)
     return ts
+
+
+def last_local_ts(zone: dt.tzinfo) -> float:
+    """The last second that is a date of the calendar both in UTC and in `zone` (at most MAX_TS)."""
+    return min(MAX_TS, dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=zone).timestamp())
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,6 +165,9 @@ class DashboardQuery:
         tz = str(params.get("tz") or "UTC").strip()
         zone = zone_of(tz)
         end = parse_local_time(params["to"], "to", zone, end_of_day=True) if params.get("to") else now
+        # NOTE: buckets and labels are local dates: a range running past the calendar's last local
+        # second (9999-12-31 in a zone east of UTC) is cut there, before any date arithmetic.
+        end = min(end, last_local_ts(zone))
         if params.get("from"):
             start = parse_local_time(params["from"], "from", zone, end_of_day=False)
         else:
@@ -189,7 +203,10 @@ class DashboardQuery:
             edge = self.start - (local.minute * 60 + local.second + local.microsecond / 1e6)
             while len(points) <= MAX_BUCKETS + 1:
                 after = edge + 3600.0
-                moment = dt.datetime.fromtimestamp(after, zone)
+                try:
+                    moment = dt.datetime.fromtimestamp(after, zone)
+                except (OverflowError, ValueError):
+                    break  # past the calendar's last local hour: the range ends inside it
                 edge = after - (moment.minute * 60 + moment.second + moment.microsecond / 1e6)
                 if edge <= points[-1]:  # an offset change that is no whole hour
                     edge = after
@@ -201,10 +218,13 @@ class DashboardQuery:
             if self.bucket == "month":
                 naive = naive.replace(day=1)
             while len(points) <= MAX_BUCKETS + 1:
-                if self.bucket == "day":
-                    naive = naive + dt.timedelta(days=1)
-                else:
-                    naive = naive.replace(year=naive.year + 1, month=1) if naive.month == 12 else naive.replace(month=naive.month + 1)
+                try:
+                    if self.bucket == "day":
+                        naive = naive + dt.timedelta(days=1)
+                    else:
+                        naive = naive.replace(year=naive.year + 1, month=1) if naive.month == 12 else naive.replace(month=naive.month + 1)
+                except (OverflowError, ValueError):
+                    break  # the calendar's last day or month: the range ends inside it
                 edge = naive.replace(tzinfo=zone).timestamp()
                 if edge >= self.end:
                     break
@@ -639,7 +659,7 @@ def merge_fleet(body: dict[str, Any], rows: list[dict[str, Any]], source: str, w
 def to_csv(body: Mapping[str, Any]) -> str:
     """Every figure of a report, one per line: section, group, metric, value (long format, for pivots)."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = SafeWriter(out)
     writer.writerow(["section", "group", "metric", "value"])
     for key in ("from", "to", "from_local", "to_local", "tz", "bucket", "tenant", "source"):
         writer.writerow(["query", "", key, _cell(body.get(key))])

@@ -13,6 +13,7 @@ from policies.errors import InvalidInput
 # arithmetic or `datetime.fromtimestamp` and fail there, as a 500 instead of a 400.
 MIN_TS = 0.0
 MAX_TS = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+TIME_BOUNDS = "1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z (UTC)"
 
 
 def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
@@ -48,7 +49,7 @@ def parse_time(raw: Any, param: str, *, end_of_day: bool = False) -> float:
 def _in_range(ts: float, text: str, param: str) -> float:
     if not math.isfinite(ts) or not MIN_TS <= ts <= MAX_TS:
         raise InvalidInput(
-            f"`{param}` must lie between 1970-01-01 and 9999-12-31, got {text!r}", param=param
+            f"`{param}` must lie between {TIME_BOUNDS}, got {text!r}", param=param
         )
     return ts
 

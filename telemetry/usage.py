@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import time
 from collections.abc import Mapping, Sequence
@@ -10,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.errors import InvalidInput
+from telemetry.csv_safe import SafeWriter
 from telemetry.ledger import Ledger
 from telemetry.timefmt import iso_time, parse_time
 
@@ -139,7 +139,7 @@ def report(
 
 def to_csv(query: UsageQuery, rows: Sequence[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = SafeWriter(out)
     header = [*query.group_by, *MEASURES]
     writer.writerow(header)
     for row in rows:

@@ -56,3 +56,23 @@ def test_edge_attention_set_ups_that_cannot_run_are_rejected_at_load(tmp_path: P
     path.write_text(yaml_text)
     with pytest.raises(ValidationError, match=message):
         Settings.load(path, env={})
+
+
+def test_a_key_digest_listed_twice_refuses_to_start_naming_both_places(tmp_path: Path) -> None:
+    """The same digest inline (tenant alpha) and, upper-cased, in keys_file (tenant ops, admin): refused."""
+    digest = "ab" * 32
+    keys_file = tmp_path / "keys.yaml"
+    keys_file.write_text(f"- {{sha256: {digest.upper()}, tenant: ops, admin: true}}\n")
+    overrides = {"auth": {"mode": "keys", "keys": [{"sha256": digest, "tenant": "alpha"}], "keys_file": str(keys_file)}}
+    with pytest.raises(ValueError, match=r"listed twice: auth\.keys\[0\] and auth\.keys_file .*keys\.yaml' entry 0"):
+        Settings.load(env={}, overrides=overrides)
+    with pytest.raises(ValidationError, match=r"listed twice: auth\.keys\[0\] and auth\.keys\[1\]"):
+        Settings.load(env={}, overrides={"auth": {"mode": "keys", "keys": [
+            {"sha256": digest, "tenant": "alpha"}, {"sha256": digest.upper(), "tenant": "ops", "admin": True}]}})
+
+
+def test_the_outage_mode_defaults_to_local_share_and_reads_its_older_name() -> None:
+    assert Settings.load(env={}).state.on_outage == "local_share"
+    assert Settings.load(env={}, overrides={"state": {"on_store_error": "deny"}}).state.on_outage == "deny"
+    both = {"state": {"on_store_error": "deny", "on_outage": "allow"}}
+    assert Settings.load(env={}, overrides=both).state.on_outage == "allow"
