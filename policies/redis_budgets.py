@@ -25,6 +25,7 @@ from typing import Any
 
 from policies.budgets import WINDOW_S, Budgets, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
+from policies.outage_share import Left
 from policies.redis_mux import MuxClient
 
 _LUA = resources.files("policies") / "lua"
@@ -49,6 +50,10 @@ class RedisBudgets:
         self._admit = client.script(prelude + (_LUA / "admit.lua").read_text("utf-8"))
         self._charge = client.script(prelude + (_LUA / "charge.lua").read_text("utf-8"))
         self._settle = client.script(prelude + (_LUA / "settle.lua").read_text("utf-8"))
+        self._reconcile = client.script(
+            prelude + (_LUA / "reconcile.lua").read_text("utf-8") + (_LUA / "settle.lua").read_text("utf-8")
+        )
+        self._heartbeat = client.script((_LUA / "heartbeat.lua").read_text("utf-8"))  # no tenant keys: no prelude
 
     @classmethod
     def connect(
@@ -84,14 +89,35 @@ class RedisBudgets:
         tenant_limits, app_limits = self.budgets.limits(tenant, app)
         return not (tenant_limits.unlimited and app_limits.unlimited)
 
-    async def admit(self, key: str, tenant: str, app: str, tokens: int, reserve_usd: float) -> None:
+    async def admit(self, key: str, tenant: str, app: str, tokens: int, reserve_usd: float) -> list[Left]:
+        """What is left of each limited scope (tenant first, then app) after this request."""
         keys, args, who = self._scopes(tenant, app)
         if len(who) == 0:
-            return
+            return []
         reply = await self._admit(keys=keys, args=[key, tokens, repr(max(0.0, reserve_usd)), self._ttl, *args])
         error = self._error(reply, who, tenant, app, admission=True, tokens=tokens)
         if error is not None:
             raise error
+        values = [None if _text(v) == "" else float(_text(v)) for v in reply[1:]]
+        return [tuple(values[i : i + 4]) for i in range(0, len(values), 4)]  # type: ignore[misc]
+
+    def scope_keys(self, tenant: str, app: str) -> list[str]:
+        """The limited scopes of this caller, as `admit` lists what is left of them."""
+        tenant_limits, app_limits = self.budgets.limits(tenant, app)
+        return [name for name, limits in ((tenant, tenant_limits), (f"{tenant}/{app}", app_limits)) if not limits.unlimited]
+
+    async def reconcile(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
+        """Counts a request this replica admitted alone during an outage, once (policies/lua/reconcile.lua)."""
+        keys, _, who = self._scopes(tenant, app)
+        if len(who) == 0:
+            return
+        await self._reconcile(keys=keys, args=[key, tokens, repr(max(0.0, cost))])
+
+    async def heartbeat(self, replica: str, alive_s: float, epoch: str) -> tuple[int, str]:
+        """(replicas alive, the store's epoch before this beat: '' when its data was lost)."""
+        fleet = f"{self._prefix}{{_fleet}}:"
+        reply = await self._heartbeat(keys=[fleet + "replicas", fleet + "epoch"], args=[replica, repr(float(alive_s)), epoch])
+        return int(reply[0]), _text(reply[1])
 
     async def charge(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> LimitExceeded | None:
         keys, args, who = self._scopes(tenant, app)

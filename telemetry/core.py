@@ -101,6 +101,7 @@ class Telemetry:
                 ledger_failed=lambda: self.ledger.failed,
                 store_errors=None if shared_state is None else lambda: shared_state.store_errors,
                 store_fallbacks=None if shared_state is None else lambda: shared_state.fallback_admissions,
+                store_resets=None if shared_state is None else lambda: shared_state.store_resets,
                 usage_store_errors=None if fleet_usage is None else lambda: fleet_usage.errors,
                 usage_rows_dropped=None if fleet_usage is None else lambda: fleet_usage.dropped,
             )
@@ -502,8 +503,9 @@ def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:
             budgets,
             store,
             op_timeout_s=state.op_timeout_ms / 1000.0,
-            on_store_error=state.on_store_error,
+            on_outage=state.on_outage,
             fallback=state.fallback_limits,
+            heartbeat_s=state.heartbeat_s,
             batch_tokens=state.stream_batch_tokens,
             batch_s=state.stream_batch_ms / 1000.0,
         )

@@ -50,6 +50,7 @@ class PromMetrics:
         ledger_failed: Callable[[], float] | None = None,
         store_errors: Callable[[], float] | None = None,
         store_fallbacks: Callable[[], float] | None = None,
+        store_resets: Callable[[], float] | None = None,
         usage_store_errors: Callable[[], float] | None = None,
         usage_rows_dropped: Callable[[], float] | None = None,
     ) -> None:
@@ -152,8 +153,16 @@ class PromMetrics:
             self.registry.register(
                 _ReadCounter(
                     "tierlane_budget_store_fallback_admissions",
-                    "Requests admitted without the shared budget store (state.on_store_error: allow)",
+                    "Requests admitted without the shared budget store (state.on_outage: local_share or allow)",
                     store_fallbacks,
+                )
+            )
+        if store_resets is not None:
+            self.registry.register(
+                _ReadCounter(
+                    "tierlane_budget_store_resets",
+                    "Times the shared budget store was found to have lost its data (restart without persistence, flush)",
+                    store_resets,
                 )
             )
         if usage_store_errors is not None:

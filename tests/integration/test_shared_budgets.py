@@ -1,6 +1,7 @@
 """Budgets and rate limits shared by two gateway replicas through a real Valkey server
 (`state.backend: redis`): a limit holds across both, and a store outage fails no request
-(`on_store_error: allow`) or answers 503 (`deny`).
+(`on_outage: local_share`, the default, with room left; or `allow`) or answers 503 (`deny`);
+what was admitted alone reaches the store once it is back.
 
 The upstream is a fault upstream (tests/support/faults.py, mode "ok" with a delay so requests
 overlap), not llama.cpp: the properties are the store's, and the real model would only be slow.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,16 +139,24 @@ async def _traffic_through_an_outage(urls: list[str], valkey: ValkeyServer) -> l
     return statuses
 
 
-def test_a_store_outage_mid_traffic_fails_no_request_with_allow(bg, make_gateway, tmp_path, valkey):
+@pytest.mark.parametrize("mode", ["local_share", "allow"])
+def test_a_store_outage_mid_traffic_fails_no_request_with_room_left(bg, make_gateway, tmp_path, valkey, mode):
     budgets = {"tenant": {"requests_per_minute": 100_000, "daily_spend_usd": 1000.0}}
-    replicas = _replicas(bg, make_gateway, tmp_path, valkey, budgets, op_timeout_ms=300)
+    replicas = _replicas(bg, make_gateway, tmp_path, valkey, budgets, op_timeout_ms=300, on_outage=mode, heartbeat_s=0.2)
     statuses = asyncio.run(_traffic_through_an_outage([gw.url for gw in replicas], valkey))
     fallbacks = sum(_metric(gw, "tierlane_budget_store_fallback_admissions_total") for gw in replicas)
     print(f"{len(statuses)} requests through the outage, {fallbacks:.0f} admitted without the store")
     assert statuses and set(statuses) == {200}, statuses
     assert fallbacks >= 1
     assert sum(_metric(gw, "tierlane_budget_store_errors_total") for gw in replicas) >= fallbacks
+    for gw in replicas:  # what each admitted alone is counted in the store by its heartbeat
+        shared = gw.app[SERVICES].telemetry.shared
+        deadline = time.monotonic() + 15
+        while shared.owed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shared.owed == 0
     before = _store_requests(valkey)
+    assert before >= fallbacks  # the restarted store lost what came before; the outage's requests are back in it
     assert [_post(gw).status_code for gw in replicas] == [200, 200]
     assert _store_requests(valkey) == before + 2  # both replicas use the store again
     assert sum(_metric(gw, "tierlane_budget_store_fallback_admissions_total") for gw in replicas) == fallbacks
@@ -154,7 +164,7 @@ def test_a_store_outage_mid_traffic_fails_no_request_with_allow(bg, make_gateway
 
 def test_a_store_outage_answers_503_with_deny(bg, make_gateway, tmp_path, valkey):
     replicas = _replicas(bg, make_gateway, tmp_path, valkey, {"tenant": {"requests_per_minute": 1000}},
-                         on_store_error="deny", op_timeout_ms=300)  # fmt: skip
+                         on_outage="deny", op_timeout_ms=300)  # fmt: skip
     assert [_post(gw).status_code for gw in replicas] == [200, 200]
     valkey.kill()
     for gw in replicas:
