@@ -173,10 +173,10 @@ class StateSettings(_Strict):
     key_prefix: str = Field("tierlane:", description="prefix of every key (the tenant follows as the hash tag {tenant})")
     connect_timeout_ms: float = Field(200.0, gt=0)
     op_timeout_ms: float = Field(100.0, gt=0, description="no request waits on the store longer than this")
-    on_outage: Literal["deny", "local_share", "allow"] = Field(
-        "local_share",
-        description="store down or slow: local_share = admit against this replica's share of what was left; "
-        "allow = against this replica's own limits (see fallback_limits); deny = 503 with Retry-After",
+    on_outage: Literal["deny", "local_share", "allow"] | None = Field(
+        None,
+        description="store down or slow: local_share (null: the default) = admit against this replica's share of what "
+        "was left; allow = against this replica's own limits (see fallback_limits); deny = 503 with Retry-After",
     )
     on_store_error: Literal["allow", "deny"] | None = Field(
         None, description="older name: deny = on_outage deny, allow = on_outage allow (used when on_outage is not set)"
@@ -195,11 +195,10 @@ class StateSettings(_Strict):
         "or falls further behind, catches up from a snapshot of the entries)",
     )
 
-    @model_validator(mode="after")
-    def _older_outage_name(self) -> StateSettings:
-        if self.on_store_error is not None and "on_outage" not in self.model_fields_set:
-            self.on_outage = self.on_store_error
-        return self
+    @property
+    def outage(self) -> Literal["deny", "local_share", "allow"]:
+        """What limits do while the store is unreachable: on_outage, else the older on_store_error, else local_share."""
+        return self.on_outage or self.on_store_error or "local_share"
 
     @field_validator("url")
     @classmethod

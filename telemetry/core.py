@@ -503,7 +503,7 @@ def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:
             budgets,
             store,
             op_timeout_s=state.op_timeout_ms / 1000.0,
-            on_outage=state.on_outage,
+            on_outage=state.outage,
             fallback=state.fallback_limits,
             heartbeat_s=state.heartbeat_s,
             batch_tokens=state.stream_batch_tokens,

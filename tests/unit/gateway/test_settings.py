@@ -66,13 +66,13 @@ def test_a_key_digest_listed_twice_refuses_to_start_naming_both_places(tmp_path:
     overrides = {"auth": {"mode": "keys", "keys": [{"sha256": digest, "tenant": "alpha"}], "keys_file": str(keys_file)}}
     with pytest.raises(ValueError, match=r"listed twice: auth\.keys\[0\] and auth\.keys_file .*keys\.yaml' entry 0"):
         Settings.load(env={}, overrides=overrides)
-    with pytest.raises(ValidationError, match=r"listed twice: auth\.keys\[0\] and auth\.keys\[1\]"):
+    with pytest.raises(ValueError, match=r"listed twice: auth\.keys\[0\] and auth\.keys\[1\]"):
         Settings.load(env={}, overrides={"auth": {"mode": "keys", "keys": [
             {"sha256": digest, "tenant": "alpha"}, {"sha256": digest.upper(), "tenant": "ops", "admin": True}]}})
 
 
 def test_the_outage_mode_defaults_to_local_share_and_reads_its_older_name() -> None:
-    assert Settings.load(env={}).state.on_outage == "local_share"
-    assert Settings.load(env={}, overrides={"state": {"on_store_error": "deny"}}).state.on_outage == "deny"
+    assert Settings.load(env={}).state.outage == "local_share"
+    assert Settings.load(env={}, overrides={"state": {"on_store_error": "deny"}}).state.outage == "deny"
     both = {"state": {"on_store_error": "deny", "on_outage": "allow"}}
-    assert Settings.load(env={}, overrides=both).state.on_outage == "allow"
+    assert Settings.load(env={}, overrides=both).state.outage == "allow"

@@ -1,0 +1,218 @@
+"""Hostile inputs against a running gateway: JSON schemas that once killed or stalled it, and a store outage.
+
+1. Schemas: a gateway process (keys mode, the real edge engine, a fixed-answer upstream) gets
+   every hostile schema family below at every size, on `auto` and pinned to the edge, while
+   another tenant sends plain edge requests one after another. Counted: process deaths, 5xx,
+   statuses; the plain requests' latency during the hostile run beside the same requests with no
+   hostile traffic.
+2. Outage: two replicas (SharedBudgets, as a gateway runs it) share a limit of 20 requests per
+   minute in a real Valkey; 16 requests are spread over both, then the store is paused for 3 s
+   (CLIENT PAUSE) while both keep asking. Admitted during the pause beside what was left, per
+   outage mode, side by side.
+
+Writes bench/results/hostile_inputs.json. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile_inputs.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._harness import free_port, gateway_cmd, pct, start, stop, write
+from gateway.auth import hash_key
+
+HOSTILE_KEY, PLAIN_KEY = "tl-hostile", "tl-plain"
+SIZES = [1, 10, 100, 300, 999, 1000, 1001, 1500, 5000, 10_000, 20_000, 30_000, 10**6, 10**9]
+FAMILIES: dict[str, Any] = {
+    "maxLength": lambda n: {"type": "string", "maxLength": n},
+    "minLength": lambda n: {"type": "string", "minLength": n},
+    "maxItems": lambda n: {"type": "array", "items": {"type": "integer"}, "maxItems": n},
+    "minItems": lambda n: {"type": "array", "items": {"type": "string"}, "minItems": n},
+    "pattern": lambda n: {"type": "string", "pattern": f"^a{{0,{n}}}$"},
+    "nested pattern": lambda n: {"type": "string", "pattern": f"^(ab{{0,{min(n, 2000)}}}c){{0,{min(n, 2000)}}}$"},
+    "enum": lambda n: {"enum": [f"value-{i}" for i in range(min(n, 50_000))]},
+    "anyOf consts": lambda n: {"anyOf": [{"const": i} for i in range(min(n, 5000))]},
+    "deep object": lambda n: _deep({"type": "string", "maxLength": min(n, 2000)}, 30),
+    "recursive ref": lambda n: {"type": "object", "properties": {"a": {"$ref": "#/definitions/n"}},
+                                "definitions": {"n": {"type": "object", "properties": {"next": {"$ref": "#/definitions/n"}}}}},
+}
+
+
+def _deep(schema: dict[str, Any], depth: int) -> dict[str, Any]:
+    for i in range(depth):
+        schema = {"type": "object", "properties": {f"p{i}": schema}, "required": [f"p{i}"]}
+    return schema
+
+
+def _body(model: str, schema: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "Answer in JSON."}], "max_tokens": 4,
+                            "temperature": 0}
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    return body
+
+
+def plain_latencies(url: str, stop_event: threading.Event, out: list[float], failures: list[int]) -> None:
+    with httpx.Client(timeout=60) as client:
+        while not stop_event.is_set():
+            t0 = time.perf_counter()
+            r = client.post(url + "/v1/chat/completions", json=_body("edge", None), headers={"Authorization": f"Bearer {PLAIN_KEY}"})
+            out.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                failures.append(r.status_code)
+
+
+def schemas(work: Path) -> dict[str, Any]:
+    up_port, gw_port = free_port(), free_port()
+    upstream = start([sys.executable, str(Path(__file__).with_name("fast_upstream.py")), "--port", str(up_port)],
+                     f"http://127.0.0.1:{up_port}/v1/models", work / "upstream.log")
+    config = {
+        "auth": {"mode": "keys", "keys": [{"sha256": hash_key(HOSTILE_KEY), "tenant": "mallory"},
+                                          {"sha256": hash_key(PLAIN_KEY), "tenant": "alice"}]},
+        "state_dir": str(work / "state"),
+        "upstreams": [{"name": "fast", "base_url": f"http://127.0.0.1:{up_port}/v1", "models": ["fast-model"], "retries": 0}],
+        "edge": {"slots": 4},
+    }
+    gateway = start(gateway_cmd(config, work / "gateway.yaml", gw_port), f"http://127.0.0.1:{gw_port}/readyz", work / "gateway.log")
+    url = f"http://127.0.0.1:{gw_port}"
+    cases = [(model, family, n) for model, (family, n) in itertools.product(("auto", "edge"), itertools.product(FAMILIES, SIZES))]
+    try:
+        quiet: list[float] = []
+        stop_quiet = threading.Event()
+        failures: list[int] = []
+        t = threading.Thread(target=plain_latencies, args=(url, stop_quiet, quiet, failures))
+        t.start()
+        time.sleep(15)
+        stop_quiet.set()
+        t.join()
+        during: list[float] = []
+        stop_during = threading.Event()
+        t = threading.Thread(target=plain_latencies, args=(url, stop_during, during, failures))
+        t.start()
+        statuses: dict[str, int] = {}
+        deaths = 0
+        slowest: tuple[float, str] = (0.0, "")
+        with httpx.Client(timeout=120) as client:
+            for model, family, n in tqdm(cases, desc="hostile schemas", unit="req"):
+                t0 = time.perf_counter()
+                try:
+                    r = client.post(url + "/v1/chat/completions", json=_body(model, FAMILIES[family](n)),
+                                    headers={"Authorization": f"Bearer {HOSTILE_KEY}"})
+                    key = f"{model} {r.status_code}"
+                except httpx.TransportError:
+                    key = f"{model} connection lost"
+                statuses[key] = statuses.get(key, 0) + 1
+                slowest = max(slowest, (time.perf_counter() - t0, f"{model} {family} {n}"))
+                if gateway.poll() is not None:
+                    deaths += 1
+                    break
+        stop_during.set()
+        t.join()
+    finally:
+        stop(gateway)
+        stop(upstream)
+    five_xx = sum(v for k, v in statuses.items() if k.split()[1].startswith("5"))
+    p99_during = pct(during, 0.99) * 1000
+    return {
+        "cases": len(cases),
+        "families": list(FAMILIES),
+        "sizes": SIZES,
+        "statuses": statuses,
+        "process_deaths": deaths,
+        "responses_5xx": five_xx,
+        "slowest_hostile_request": {"seconds": round(slowest[0], 3), "case": slowest[1]},
+        "plain_edge_other_tenant": {
+            "quiet": {"n": len(quiet), "p50_ms": round(pct(quiet, 0.5) * 1000, 1), "p99_ms": round(pct(quiet, 0.99) * 1000, 1)},
+            "during_hostile": {"n": len(during), "p50_ms": round(pct(during, 0.5) * 1000, 1), "p99_ms": round(p99_during, 1)},
+            "failures": len(failures),
+        },
+        "targets": [
+            {"name": "process_deaths", "value": deaths, "target": "== 0", "met": deaths == 0, "n": len(cases)},
+            {"name": "responses_5xx", "value": five_xx, "target": "== 0", "met": five_xx == 0, "n": len(cases)},
+            {"name": "plain_edge_p99_ms_during_hostile", "value": round(p99_during, 1), "target": "<= 2000",
+             "met": p99_during <= 2000, "n": len(during)},
+        ],
+    }
+
+
+async def outage(work: Path) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    from policies.budgets import Budgets
+    from policies.errors import LimitExceeded, StoreUnavailable
+    from policies.policy import Policy
+    from policies.redis_budgets import RedisBudgets
+    from policies.redis_mux import MuxClient
+    from policies.shared_budgets import SharedBudgets
+    from tests.support.valkey import ValkeyServer
+
+    limit, before, pause_s = 20, 16, 3.0
+    rows = {}
+    for mode in tqdm(["local_share", "allow", "deny"], desc="outage modes"):
+        directory = work / f"valkey-{mode}"
+        directory.mkdir()
+        server = ValkeyServer(directory)
+        admin = aioredis.Redis.from_url(server.url)
+        budgets = Budgets(Policy.load(extra={"budgets": {"enabled": True, "tenant": {"requests_per_minute": limit}}}))
+        fleet = [SharedBudgets(budgets, RedisBudgets(budgets, MuxClient(server.url, connect_timeout_s=0.1, stale_after_s=1.0)),
+                               op_timeout_s=0.1, on_outage=mode, heartbeat_s=0.5) for _ in range(2)]  # type: ignore[arg-type]
+        try:
+            for shared in fleet * 2:
+                await shared.beat()
+
+            async def ask(shared: SharedBudgets, key: str) -> bool:
+                try:
+                    await shared.admit(key, "acme", "web", 5, 0.0)
+                except (LimitExceeded, StoreUnavailable):
+                    return False
+                await shared.settle(key, 5, 0.0)
+                return True
+
+            admitted_before = sum([await ask(fleet[i % 2], f"b{i}") for i in range(before)])
+            await admin.execute_command("CLIENT", "PAUSE", int(pause_s * 1000), "ALL")
+            started = time.monotonic()
+            during = 0
+            i = 0
+            while time.monotonic() - started < pause_s - 0.3:
+                during += await ask(fleet[i % 2], f"d{i}")
+                i += 1
+            left = limit - admitted_before
+            rows[mode] = {"admitted_before": admitted_before, "left_at_pause": left, "asked_during_pause": i,
+                          "admitted_during_pause": during, "beyond_limit": max(0, during - left),
+                          "beyond_limit_per_replica": round(max(0, during - left) / len(fleet), 2)}
+        finally:
+            for shared in fleet:
+                await shared.close()
+            await admin.aclose()
+            server.stop()
+    per_replica = rows["local_share"]["beyond_limit_per_replica"]
+    return {
+        "setup": f"two replicas, {limit} requests/min for one tenant, {before} admitted spread over both, then a "
+                 f"{pause_s:g} s CLIENT PAUSE while both keep asking; op_timeout 100 ms",
+        "modes": rows,
+        "targets": [{"name": "over_admission_per_replica_default_mode", "value": per_replica, "target": "<= 1",
+                     "met": per_replica <= 1, "n": rows["local_share"]["asked_during_pause"]}],
+    }
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="tierlane-hostile-") as tmp:
+        work = Path(tmp)
+        result = {"schemas": schemas(work), "outage": asyncio.run(outage(work))}
+    path = write("hostile_inputs", result)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
