@@ -208,7 +208,7 @@ SPECULATIVE = {
 def speculative_record(key: str, runs: dict[str, Any], speedup: float | None) -> Record:
     """A speed-up only where drafts were made; the note says when the accepted drafts cannot explain it."""
     run, op, threshold = SPECULATIVE[key]
-    on, off = runs.get(f"{run}/on", {}), runs.get(f"{run}/off", {})
+    on = runs.get(f"{run}/on", {})
     drafted, accepted, tokens = on.get("drafted", 0), on.get("accepted", 0), on.get("completion_tokens", 0)
     figure = f"on/off tokens/s, {run.replace('@', ' at ')}"
     if not drafted or speedup is None:

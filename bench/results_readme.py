@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._verdicts import count_from_rate, wilson  # noqa: E402
+from bench._verdicts import count_from_rate, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -464,21 +464,36 @@ def render_cache_latency(data: dict[str, Any]) -> list[str]:
 
 
 def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
-    inv, js = data["invalid"], data["json_mode"]
-    rows = [[k.replace("_", " "), v["count"], v["share"]] for k, v in inv.items()]
+    crit = data["criterion"]
     lines = [
-        f"{data['prompts']} everyday prompts, greedy, max_tokens {data['max_tokens']}; invalid = a loop, or "
-        f"max_tokens reached while repeating. Reduction for `auto` traffic: {_num(data['invalid_reduction_auto'])}.",
+        f"{data['prompts']} everyday prompts, model `auto`, greedy, max_tokens {data['max_tokens']}, through running "
+        "gateways in front of a real upstream (llama.cpp's server); before: no loop stop, cascade off; after: the shipped "
+        f"defaults. Invalid = the served text's repeated word 4-grams above {_num(crit['rep4_max'])} of its 4-grams, or "
+        f"raw / zlib bytes above {_num(crit['compression_max'])}: criteria the engine does not use.",
         "",
     ]
-    lines += _table(["edge answers", "invalid", "share"], rows)
-    lines += [
-        "",
-        f"JSON mode ({js['prompts']} prompts): parse without grammar {_num(js['parse_share_without_grammar'])}, "
-        f"with grammar {_num(js['parse_share_with_grammar'])} ({_num(js['parse_share_with_grammar_of_finished'])} of "
-        f"the answers that ended on their own; {js['with_grammar_ended_by_max_tokens']} ended at max_tokens or in a "
-        "loop, which `auto` traffic escalates).",
-    ]
+
+    def cell(share: dict[str, Any]) -> str:
+        return _rate(share["count"], share["n"], share["share"])
+
+    rows = []
+    for name in ("before", "after"):
+        r = data[name]
+        lanes = ", ".join(f"{lane} {_rate(v['invalid']['count'], v['served'])}" for lane, v in r["by_lane"].items())
+        rows.append([name, cell(r["invalid"]), cell(r["invalid_rep4"]), cell(r["invalid_compression"]),
+                     cell(r["finish_length"]), r["escalated"], r["errors"], lanes])  # fmt: skip
+    lines += _table(
+        ["gateway", "invalid served", "by rep-4", "by compression", "ended at max_tokens", "escalated", "errors",
+         "invalid by serving lane"],
+        rows,
+    )  # fmt: skip
+    paired = data.get("paired")
+    if paired:
+        lines += [
+            "",
+            f"Same prompts, paired ({paired['prompts']}): invalid before only {paired['invalid_before_only']}, after only "
+            f"{paired['invalid_after_only']}, both {paired['invalid_both']}.",
+        ]
     return lines
 
 

@@ -14,11 +14,11 @@ from sklearn.linear_model import LogisticRegression
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._verdicts import verdicts  # noqa: E402
-from policies.policy import Policy  # noqa: E402
-from policies.router import RoutePolicy, Router  # noqa: E402
-from policies.router.data import load_mmlu, shared_data_dir  # noqa: E402
-from policies.router.features import Prompt  # noqa: E402
+from bench._verdicts import verdicts
+from policies.policy import Policy
+from policies.router import RoutePolicy, Router
+from policies.router.data import load_mmlu, shared_data_dir
+from policies.router.features import Prompt
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BUILTIN = [

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._verdicts import verdicts  # noqa: E402
-from policies.policy import Policy  # noqa: E402
-from policies.router import RoutePolicy, Router  # noqa: E402
-from policies.router.data import default_cache_dir, shared_data_dir  # noqa: E402
-from policies.router.evaluate import evaluate_router  # noqa: E402
+from bench._verdicts import verdicts
+from policies.policy import Policy
+from policies.router import RoutePolicy, Router
+from policies.router.data import default_cache_dir, shared_data_dir
+from policies.router.evaluate import evaluate_router
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent

@@ -2,8 +2,9 @@
 (`state.backend: redis`): a limit holds across both, and a store outage fails no request
 (`on_store_error: allow`) or answers 503 (`deny`).
 
-The upstream is a fault upstream (tests/support/faults.py, mode "ok" with a delay so requests
-overlap), not llama.cpp: the properties are the store's, and the real model would only be slow.
+The upstream is a fixed-answer stub (tests/support/faults.py, mode "ok" with a delay so requests
+overlap), not llama.cpp: the properties are the gateway's and the store's own state (what is
+admitted, counted and refused), and the real model would only be slow.
 """
 
 from __future__ import annotations
