@@ -466,10 +466,10 @@ def render_cache_latency(data: dict[str, Any]) -> list[str]:
 def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
     crit = data["criterion"]
     lines = [
-        f"{data['prompts']} everyday prompts, model `auto`, greedy, max_tokens {data['max_tokens']}, through running "
-        "gateways in front of a real upstream (llama.cpp's server); before: no loop stop, cascade off; after: the shipped "
-        f"defaults. Invalid = the served text's repeated word 4-grams above {_num(crit['rep4_max'])} of its 4-grams, or "
-        f"raw / zlib bytes above {_num(crit['compression_max'])}: criteria the engine does not use.",
+        f"{data['prompts']} everyday prompts, each sent to both gateways, greedy, max_tokens {data['max_tokens']}; the "
+        "upstream is llama.cpp's server with the same model. Invalid = more than "
+        f"{_num(crit['rep4_max'])} of the served text's word 4-grams repeat an earlier one, or its raw / zlib bytes exceed "
+        f"{_num(crit['compression_max'])} (answers of {crit['compression_min_bytes']} bytes or more).",
         "",
     ]
 
