@@ -362,18 +362,18 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
         tasks = ", ".join(f"{k} {v}" for k, v in gateway.get("tasks", {}).items())
         lines += [
             f"Through running gateways, model `auto`, an upstream that answers every task right ({tasks}); "
-            f"pinned to the edge the model is right on {_num(gateway['pinned_edge_accuracy'])} of them:",
+            "pinned to the edge the model is right on "
+            f"{_rate(count_from_rate(gateway['pinned_edge_accuracy'], sum(gateway.get('tasks', {}).values())), sum(gateway.get('tasks', {}).values()), gateway['pinned_edge_accuracy'])} of them:",
             "",
         ]
-        right_pinned = gateway.get("right_when_pinned") or count_from_rate(
-            gateway["pinned_edge_accuracy"], sum(gateway.get("tasks", {}).values())
-        )
+        right_pinned = count_from_rate(gateway["pinned_edge_accuracy"], sum(gateway.get("tasks", {}).values()))
         rows = [
             [
                 name,
                 _rate(g.get("kept_local_right", count_from_rate(g["local_precision"], g["upstream_calls_saved"])),
                       g.get("kept_local", g["upstream_calls_saved"]), g["local_precision"]),  # fmt: skip
-                _rate(count_from_rate(g["local_recall"], right_pinned or 0), right_pinned, g["local_recall"]),
+                _rate(count_from_rate(g["local_recall"], g.get("right_when_pinned", right_pinned) or 0),
+                      g.get("right_when_pinned", right_pinned), g["local_recall"]),  # fmt: skip
                 _rate(count_from_rate(g["overall_accuracy"], g["tasks"]), g["tasks"], g["overall_accuracy"]),
                 g["edge_share"],
                 g["cache_share"],
