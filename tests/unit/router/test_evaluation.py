@@ -21,7 +21,7 @@ from policies.router import Router
 from policies.router.data import default_cache_dir, shared_data_dir
 from policies.router.evaluate import held_out_alpaca, held_out_data, routing_metrics, target_checks
 
-pytestmark = pytest.mark.evaluation
+pytestmark = [pytest.mark.evaluation, pytest.mark.slow]  # embeds the held-out rows with the real embedder
 RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "router.json"
 
 
