@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._harness import free_port, gateway_cmd, start, stop, summary_ms  # noqa: E402
+from bench._verdicts import verdicts  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.matcher import decide  # noqa: E402
 from policies.cache.scope import build_key, normalise  # noqa: E402
@@ -225,6 +226,7 @@ def main() -> int:
     results.update({"benchmark": "cache_latency",
                     "targets": {"miss_c1_p50_ms": 5.0, "hit_e2e_p50_ms": 10.0, "verify_added_by_learned_p50_ms": 0.5},
                     "load_average": load})
+    results["verdicts"] = verdicts("cache_latency", results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))

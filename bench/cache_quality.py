@@ -37,6 +37,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._verdicts import verdicts  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.matcher import decide  # noqa: E402
 from policies.cache.verifier import PairText, load_verifier  # noqa: E402
@@ -131,6 +132,7 @@ def main() -> int:
         "decide_us_per_pair": round(seconds / len(pairs) * 1e6, 1),
         "verifier_meta": {k: v for k, v in (model.meta if model else {}).items() if k in ("hidden", "alpha", "trained_on", "calibrated_on", "selection")},
     }
+    result["verdicts"] = verdicts("cache_quality", result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     for s in ("selection", "test"):

@@ -6,6 +6,10 @@ settings file like the replicas' (as an operator's shell on any machine would lo
 killed it answers from the ledger with a warning. `cache purge` reaches every replica (an entry
 stored through A is a miss on A and B); `cache stats` counts the fleet's entries; with Valkey
 killed both exit 1 and print no result.
+
+The upstream is a fixed-answer stub (tests/support/faults.py, mode "ok"), not llama.cpp: what is
+checked is the gateway's own state as the CLI reports it (requests counted per replica and
+tenant, cache entries stored and purged), not what an upstream answers or counts.
 """
 
 from __future__ import annotations
@@ -159,6 +163,7 @@ def test_usage_reports_every_replica_local_one_and_falls_back_when_the_store_is_
     assert rc == 1 and out == "" and "warning" in err and "no ledger at" in err
 
 
+@pytest.mark.slow  # the embedder loads a real model on each replica
 def test_cache_purge_and_stats_act_on_the_shared_cache_of_every_replica(bg, make_gateway, tmp_path, valkey, capsys):
     rec = Recorder()
     upstream = RunningApp(bg, fault_app("ok", rec, text=ANSWER))

@@ -3,8 +3,9 @@
 (`on_outage: local_share`, the default, with room left; or `allow`) or answers 503 (`deny`);
 what was admitted alone reaches the store once it is back.
 
-The upstream is a fault upstream (tests/support/faults.py, mode "ok" with a delay so requests
-overlap), not llama.cpp: the properties are the store's, and the real model would only be slow.
+The upstream is a fixed-answer stub (tests/support/faults.py, mode "ok" with a delay so requests
+overlap), not llama.cpp: the properties are the gateway's and the store's own state (what is
+admitted, counted and refused), and the real model would only be slow.
 """
 
 from __future__ import annotations
