@@ -313,7 +313,23 @@ def _edge_quality(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
+    schemas, outage = d.get("schemas", {}), d.get("outage", {})
+    cases = schemas.get("cases")
+    during = schemas.get("plain_edge_other_tenant", {}).get("during_hostile", {})
+    default = outage.get("modes", {}).get("local_share", {})
+    return [
+        target("process deaths over the hostile-schema run", schemas.get("process_deaths"), "==", 0, n=cases, n_of="hostile requests"),
+        target("5xx answers over the hostile-schema run", schemas.get("responses_5xx"), "==", 0, n=cases, n_of="hostile requests"),
+        target("another tenant's plain edge request p99 ms, during the hostile run", during.get("p99_ms"), "<=", 2000,
+               n=during.get("n"), n_of="plain requests"),
+        target("over-admission per replica through a 3 s store pause (on_outage: local_share)",
+               default.get("beyond_limit_per_replica"), "<=", 1, n=default.get("asked_during_pause"), n_of="requests asked"),
+    ]
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
+    "hostile_inputs": _hostile_inputs,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,

@@ -497,6 +497,29 @@ def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_hostile_inputs(data: dict[str, Any]) -> list[str]:
+    schemas, outage = data["schemas"], data["outage"]
+    plain = schemas["plain_edge_other_tenant"]
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(schemas["statuses"].items()))
+    slowest = schemas["slowest_hostile_request"]
+    lines = [
+        f"{schemas['cases']} hostile schemas ({', '.join(schemas['families'])}; sizes {', '.join(_num(n) for n in schemas['sizes'])}), "
+        f"on `auto` and pinned to the edge: {statuses}; process deaths {schemas['process_deaths']}, 5xx "
+        f"{schemas['responses_5xx']}; slowest {slowest['seconds']} s ({slowest['case']}).",
+        "",
+        *_table(["another tenant's plain edge request", "n", "p50 ms", "p99 ms"],
+                [[name.replace("_", " "), plain[key]["n"], plain[key]["p50_ms"], plain[key]["p99_ms"]]
+                 for key, name in (("quiet", "no hostile traffic"), ("during_hostile", "during the hostile run"))]),
+        "",
+        f"Store outage: {outage['setup']}.",
+        "",
+        *_table(["on_outage", "left at the pause", "asked during it", "admitted during it", "beyond the limit", "per replica"],
+                [[mode, r["left_at_pause"], r["asked_during_pause"], r["admitted_during_pause"], r["beyond_limit"],
+                  r["beyond_limit_per_replica"]] for mode, r in outage["modes"].items()]),
+    ]
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -523,6 +546,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_quality": render_cache_quality,
     "edge_quality": render_edge_quality,
     "edge_invalid_output": render_edge_invalid_output,
+    "hostile_inputs": render_hostile_inputs,
 }
 
 
