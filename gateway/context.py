@@ -15,9 +15,12 @@ from policies.router.features import Prompt
 if TYPE_CHECKING:
     from gateway.pipeline.runner import ModelCall
 
-__all__ = ["Answer", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
+__all__ = ["Answer", "Api", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
 
 Operation = Literal["chat", "completions", "embeddings"]
+# The wire API a request came in through: the OpenAI endpoints (named by their operation), or a
+# front door that translates into the chat operation. Attribution only: no stage reads it.
+Api = Literal["chat", "completions", "embeddings", "messages", "responses"]
 
 
 @dataclass(slots=True)
@@ -44,8 +47,9 @@ class RequestContext:
     body: dict[str, Any]  # the request as it will be sent onward; stages may rewrite it
     headers: Mapping[str, str]
     principal: Principal
-    model: str  # the model name the client asked for
+    model: str  # the model name the client asked for (after the settings' model_aliases)
     stream: bool = False
+    api: Api = "chat"  # the wire API it came in through (attribution: spans and the ledger)
     received_at: float = field(default_factory=time.perf_counter)
     lane: str = "upstream"  # cache | edge | upstream
     target_model: str | None = None  # the model the lane is asked for

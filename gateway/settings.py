@@ -199,6 +199,12 @@ class StateSettings(_Strict):
         return value
 
 
+class ResponsesSettings(_Strict):
+    """Stored responses of the Responses API (`store: true`, the API's default)."""
+
+    ttl_s: float = Field(30 * 86400.0, gt=0, description="a stored response is deleted this long after it was made")
+
+
 class Settings(_Strict):
     """Everything the gateway is configured with."""
 
@@ -211,6 +217,12 @@ class Settings(_Strict):
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="client model name (globs: * ? [..]) -> auto, a lane's model or an upstream model; "
+        "exact names first, then globs in order; a glob never renames a model the gateway serves by name",
+    )
     policy_file: Path | None = None
     policy: dict[str, Any] = Field(default_factory=dict, description="inline policy sections")
 

@@ -1,0 +1,477 @@
+"""The Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a front door.
+
+A Messages request becomes the chat-completions body an equivalent chat request would send, so
+every stage (and the cache key) sees the same question whichever API asked it; the chat answer
+comes back as a Message, or as Anthropic's stream events. Errors keep Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from gateway import protocol
+from gateway.apis.common import answer_usage, chat_context, first_choice, new_id, read_json, sse, tool_calls
+from gateway.context import RequestContext, Usage
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.keys import ERROR_FORMATS, SERVICES
+from gateway.respond import StreamEncoder, serve
+from telemetry.tokens import heuristic_count
+
+# NOTE: strict like gateway.protocol: a wrong type is a 400 naming the parameter. Unknown
+# top-level fields are refused (their meaning would be lost); the few below that do not change
+# what the answer means are accepted, dropped and recorded on the span.
+DROPPED_FIELDS = ("thinking", "context_management", "service_tier", "inference_geo", "cache_control", "diagnostics",
+                  "speed", "user_profile_id", "workspace_id")
+Number = protocol.Number
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Block(_Open):
+    cache_control: dict[str, Any] | None = None
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ImageSource(_Open):
+    type: Literal["base64", "url"]
+    media_type: StrictStr | None = None
+    data: StrictStr | None = None
+    url: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> ImageSource:
+        if self.type == "base64" and (self.media_type is None or self.data is None):
+            raise ValueError("a base64 image source needs `media_type` and `data`")
+        if self.type == "url" and self.url is None:
+            raise ValueError("a url image source needs `url`")
+        return self
+
+    def data_url(self) -> str:
+        return self.url if self.type == "url" else f"data:{self.media_type};base64,{self.data}"  # type: ignore[return-value]
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+    source: ImageSource
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: StrictStr
+    name: StrictStr
+    input: dict[str, Any]
+
+
+ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: StrictStr
+    content: StrictStr | list[ResultPart] | None = None
+    is_error: StrictBool | None = None
+
+
+class ThinkingBlock(_Open):
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+
+
+class Message(_Closed):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[Block]
+
+
+class Tool(_Open):
+    name: StrictStr = Field(min_length=1)
+    type: StrictStr | None = None  # absent or "custom" for client tools; a dated name for server tools
+    description: StrictStr | None = None
+    input_schema: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(_Closed):
+    type: Literal["auto", "any", "tool", "none"]
+    name: StrictStr | None = None
+    disable_parallel_tool_use: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice of type tool needs the tool's `name`")
+        return self
+
+
+class Metadata(_Closed):
+    user_id: StrictStr | None = None
+
+
+class _Prompt(_Closed):
+    """What a Messages request and a count_tokens request share."""
+
+    model: StrictStr = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    system: StrictStr | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+
+
+class OutputFormat(_Closed):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Open):
+    effort: StrictStr | None = None  # how hard a Claude model thinks: dropped
+    format: OutputFormat | None = None
+
+
+class MessagesRequest(_Prompt):
+    max_tokens: StrictInt = Field(ge=1, le=protocol.MAX_TOKENS)
+    stop_sequences: list[StrictStr] | None = Field(None, max_length=4)
+    # sampling fields newer SDKs no longer offer; older clients and other SDKs still send them
+    temperature: Number | None = Field(None, ge=0, le=1)
+    top_p: Number | None = Field(None, ge=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+    stream: StrictBool = False
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
+    # accepted and dropped (DROPPED_FIELDS)
+    service_tier: StrictStr | None = None
+    inference_geo: StrictStr | None = None
+    cache_control: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    speed: StrictStr | None = None
+    user_profile_id: StrictStr | None = None
+    workspace_id: StrictStr | None = None
+
+
+class CountTokensRequest(_Prompt):
+    pass
+
+
+# Chat finish reasons as Anthropic stop reasons.
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
+                "content_filter": "refusal"}
+
+
+def to_chat(req: _Prompt) -> tuple[dict[str, Any], list[str]]:
+    """The chat-completions body that asks what `req` asks, and the fields it dropped."""
+    dropped = [name for name in DROPPED_FIELDS if getattr(req, name, None) is not None]
+    config = getattr(req, "output_config", None)
+    if config is not None:
+        dropped.extend(f"output_config.{name}" for name in ("effort", *(config.model_extra or {})) if getattr(config, name, None) is not None)
+    marks = False
+    messages: list[dict[str, Any]] = []
+    if req.system is not None:
+        if isinstance(req.system, str):
+            system = req.system
+        else:
+            system = "\n".join(block.text for block in req.system)
+            marks = any(block.cache_control is not None for block in req.system)
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(req.messages):
+        if isinstance(message.content, str):
+            messages.append({"role": message.role, "content": message.content})
+            continue
+        marks = marks or any(getattr(b, "cache_control", None) is not None for b in message.content)
+        if any(isinstance(b, ThinkingBlock) for b in message.content):
+            dropped.append("thinking_blocks")
+        if message.role == "assistant":
+            messages.append(_assistant(message.content, f"messages[{i}].content"))
+        else:
+            messages.extend(_user(message.content, f"messages[{i}].content"))
+    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    if req.tools:
+        marks = marks or any(tool.cache_control is not None for tool in req.tools)
+        body["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        choice = req.tool_choice
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}} if choice.type == "tool"
+            else {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        )
+        if choice.disable_parallel_tool_use:
+            body["parallel_tool_calls"] = False
+    if marks:
+        dropped.append("cache_control")
+    if isinstance(req, MessagesRequest):
+        _sampling(req, body)
+    return body, dropped
+
+
+def _sampling(req: MessagesRequest, body: dict[str, Any]) -> None:
+    body["max_tokens"] = req.max_tokens
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(req, name)
+        if value is not None:
+            body[name] = value
+    if req.stop_sequences:
+        body["stop"] = list(req.stop_sequences)
+    if req.metadata is not None and req.metadata.user_id is not None:
+        body["user"] = req.metadata.user_id
+    config = req.output_config
+    output_format = req.output_format or (config.format if config is not None else None)
+    if output_format is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": output_format.schema_}}
+    if req.stream:
+        # usage on every stream: message_delta reports it (stream_options is neutral for the cache)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+
+
+def _tool(tool: Tool, param: str) -> dict[str, Any]:
+    if tool.type not in (None, "custom"):
+        raise InvalidRequest(
+            f"the gateway cannot run the server tool {tool.type!r} ({tool.name!r}); send client tools "
+            "(name, description, input_schema) and run them yourself",
+            param=f"{param}.type",
+            code="unsupported_tool",
+        )
+    if tool.input_schema is None:
+        raise InvalidRequest(f"tool {tool.name!r} needs an `input_schema`", param=f"{param}.input_schema")
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = tool.input_schema
+    return {"type": "function", "function": function}
+
+
+def _assistant(blocks: list[Any], param: str) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            arguments = orjson.dumps(block.input).decode()
+            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+        elif not isinstance(block, ThinkingBlock):
+            raise InvalidRequest(f"an assistant turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
+    """Tool results become tool messages (first, as chat wants them), the rest one user message."""
+    results: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, ToolResultBlock):
+            results.append(_tool_result(block, f"{param}[{j}]"))
+        elif isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append({"type": "image_url", "image_url": {"url": block.source.data_url()}})
+        elif not isinstance(block, ThinkingBlock):
+            raise InvalidRequest(f"a user turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
+    if not parts:
+        return results
+    # a turn that is one text block asks what the same text as a string asks (one cache entry)
+    content: str | list[dict[str, Any]] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+    return [*results, {"role": "user", "content": content}]
+
+
+def _tool_result(block: ToolResultBlock, param: str) -> dict[str, Any]:
+    if block.content is None or isinstance(block.content, str):
+        text = block.content or ""
+    else:
+        if any(isinstance(part, ImageBlock) for part in block.content):
+            raise InvalidRequest("images in a tool_result cannot be passed on to a chat model", param=f"{param}.content")
+        text = "\n".join(part.text for part in block.content if isinstance(part, TextBlock))
+    if block.is_error:
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+
+
+# Answers -----------------------------------------------------------------------------------
+
+
+def usage_block(usage: Usage) -> dict[str, int]:
+    """Anthropic's usage: input_tokens excludes the tokens read from a prompt cache."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    return {
+        "input_tokens": usage.input_tokens - cached,
+        "output_tokens": usage.output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as the object Anthropic's `input` is ({} when they are none)."""
+    try:
+        value = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def to_message(ctx: RequestContext, body: dict[str, Any], message_id: str) -> dict[str, Any]:
+    """A chat answer as a Message."""
+    message, reason = first_choice(body)
+    content: list[dict[str, Any]] = []
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    for call_id, name, arguments in tool_calls(message):
+        content.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input(arguments)})
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or ctx.model,
+        "content": content,
+        "stop_reason": STOP_REASONS.get(reason or "stop", "end_turn"),
+        "stop_sequence": None,
+        "usage": usage_block(answer_usage(ctx, body)),
+    }
+
+
+class MessagesEncoder:
+    """Chat chunks as Anthropic's events: message_start, content blocks, message_delta, message_stop."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        self.id = new_id("msg_")
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: int | None = None  # the index of the block still open
+        self.open_text = False
+        self.tools: dict[int, int] = {}  # chat tool call index -> content block index
+
+    def _start(self, model: Any) -> bytes:
+        self.started = True
+        usage = usage_block(self.ctx.usage or Usage())  # known at once only for cache hits
+        usage["output_tokens"] = 0
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": model or self.ctx.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": usage}
+        return sse("message_start", {"type": "message_start", "message": message})
+
+    def _close(self) -> bytes:
+        if self.open is None:
+            return b""
+        index, self.open, self.open_text = self.open, None, False
+        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _open(self, block: dict[str, Any]) -> bytes:
+        closed = self._close()
+        self.open = index = self.blocks
+        self.blocks += 1
+        return closed + sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = [] if self.started else [self._start(chunk.get("model"))]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                if not self.open_text:
+                    out.append(self._open({"type": "text", "text": ""}))
+                    self.open_text = True
+                out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.open,
+                                                       "delta": {"type": "text_delta", "text": text}}))
+            for call in delta.get("tool_calls") or ():
+                position = call.get("index", 0)
+                function = call.get("function") or {}
+                if position not in self.tools:
+                    block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or new_id("toolu_"), "name": function.get("name") or "",
+                             "input": {}}
+                    out.append(self._open(block))
+                    self.tools[position] = self.blocks - 1
+                if function.get("arguments"):
+                    out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.tools[position],
+                                                           "delta": {"type": "input_json_delta",
+                                                                     "partial_json": function["arguments"]}}))
+        return b"".join(out)
+
+    async def end(self, response: dict[str, Any]) -> bytes:
+        out = [] if self.started else [self._start(response.get("model"))]
+        out.append(self._close())
+        _, reason = first_choice(response)
+        delta = {"stop_reason": STOP_REASONS.get(reason or "stop", "end_turn"), "stop_sequence": None}
+        usage = usage_block(answer_usage(self.ctx, response))
+        out.append(sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+        out.append(sse("message_stop", {"type": "message_stop"}))
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return sse("error", error_payload(err))
+
+
+class MessagesWire:
+    async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        return to_message(ctx, body, new_id("msg_"))
+
+    def encoder(self, ctx: RequestContext) -> StreamEncoder:
+        return MessagesEncoder(ctx)
+
+
+WIRE = MessagesWire()
+
+# Errors ------------------------------------------------------------------------------------
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_payload(err: GatewayError) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(err.status) or ("invalid_request_error" if err.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def render_error(err: GatewayError, request_id: str) -> bytes:
+    return orjson.dumps({**error_payload(err), "request_id": request_id})
+
+
+# Handlers ----------------------------------------------------------------------------------
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    req = protocol.check(MessagesRequest, await read_json(request))
+    body, dropped = to_chat(req)
+    return await serve(request, chat_context(request, body, "messages", dropped), WIRE)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    req = protocol.check(CountTokensRequest, await read_json(request))
+    body, _ = to_chat(req)
+    services = request.app.get(SERVICES)
+    telemetry = services.telemetry if services is not None else None
+    if telemetry is not None:
+        usage = await asyncio.to_thread(telemetry.estimate_usage, body, None)
+        tokens = usage.input_tokens
+    else:
+        tokens = heuristic_count(orjson.dumps(body["messages"]).decode())
+    return web.json_response({"input_tokens": tokens})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app[ERROR_FORMATS]["/v1/messages"] = render_error
