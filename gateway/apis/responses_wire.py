@@ -14,7 +14,8 @@ from gateway.errors import InvalidRequest
 # NOTE: strict like gateway.protocol. Unknown top-level fields are refused (their meaning would
 # be lost); these are accepted, dropped and recorded on the span: none changes what the answer says.
 DROPPED_FIELDS = ("reasoning", "truncation", "service_tier", "include", "prompt_cache_key", "safety_identifier",
-                  "stream_options", "top_logprobs", "max_tool_calls", "prompt_cache_retention")
+                  "stream_options", "top_logprobs", "max_tool_calls", "prompt_cache_retention", "prompt_cache_options",
+                  "context_management")
 Number = protocol.Number
 
 
@@ -143,6 +144,8 @@ class ResponsesRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     max_tool_calls: StrictInt | None = Field(None, ge=1)
+    prompt_cache_options: dict[str, Any] | None = None
+    context_management: list[dict[str, Any]] | dict[str, Any] | None = None
 
     def function_tools(self) -> list[FunctionTool]:
         """The tools, each a function tool; a tool the gateway cannot run is a 400 naming it."""
