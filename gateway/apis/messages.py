@@ -175,8 +175,12 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 
-def to_chat(req: _Prompt) -> tuple[dict[str, Any], list[str]]:
-    """The chat-completions body that asks what `req` asks, and the fields it dropped."""
+def to_chat(req: _Prompt, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The chat-completions body that asks what `req` asks, and the fields it dropped.
+
+    `raw` is the body `req` was validated from: numbers are passed on as the client wrote them
+    (`0` stays `0`, not `0.0`), so the cache key equals that of the same chat request.
+    """
     dropped = [name for name in DROPPED_FIELDS if getattr(req, name, None) is not None]
     config = getattr(req, "output_config", None)
     if config is not None:
@@ -216,16 +220,15 @@ def to_chat(req: _Prompt) -> tuple[dict[str, Any], list[str]]:
     if marks:
         dropped.append("cache_control")
     if isinstance(req, MessagesRequest):
-        _sampling(req, body)
+        _sampling(req, raw, body)
     return body, dropped
 
 
-def _sampling(req: MessagesRequest, body: dict[str, Any]) -> None:
+def _sampling(req: MessagesRequest, raw: dict[str, Any], body: dict[str, Any]) -> None:
     body["max_tokens"] = req.max_tokens
     for name in ("temperature", "top_p", "top_k"):
-        value = getattr(req, name)
-        if value is not None:
-            body[name] = value
+        if getattr(req, name) is not None:
+            body[name] = raw[name]
     if req.stop_sequences:
         body["stop"] = list(req.stop_sequences)
     if req.metadata is not None and req.metadata.user_id is not None:
@@ -453,14 +456,14 @@ def render_error(err: GatewayError, request_id: str) -> bytes:
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
-    req = protocol.check(MessagesRequest, await read_json(request))
-    body, dropped = to_chat(req)
+    raw = await read_json(request)
+    body, dropped = to_chat(protocol.check(MessagesRequest, raw), raw)
     return await serve(request, chat_context(request, body, "messages", dropped), WIRE)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    req = protocol.check(CountTokensRequest, await read_json(request))
-    body, _ = to_chat(req)
+    raw = await read_json(request)
+    body, _ = to_chat(protocol.check(CountTokensRequest, raw), raw)
     services = request.app.get(SERVICES)
     telemetry = services.telemetry if services is not None else None
     if telemetry is not None:

@@ -200,7 +200,8 @@ def _not_found(response_id: str, param: str = "response_id") -> NotFound:
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    req = protocol.check(ResponsesRequest, await read_json(request))
+    raw = await read_json(request)
+    req = protocol.check(ResponsesRequest, raw)
     tenant = request[PRINCIPAL].tenant
     store = _store(request)
     context: list[dict[str, Any]] = []
@@ -210,7 +211,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             raise _not_found(req.previous_response_id, "previous_response_id")
         context = [*previous["context"], *previous["input"], *previous["response"]["output"]]
     inputs = input_items(req)
-    body, dropped = to_chat(req, [*context, *inputs])
+    body, dropped = to_chat(req, raw, [*context, *inputs])
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
                 context=context, store=store if req.store else None)
     return await serve(request, chat_context(request, body, "responses", dropped), ResponsesWire(turn))

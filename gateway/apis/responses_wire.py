@@ -243,8 +243,12 @@ def to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[d
     return messages
 
 
-def to_chat(req: ResponsesRequest, items: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """The chat-completions body for `req` over the conversation `items`, and the fields it dropped."""
+def to_chat(req: ResponsesRequest, raw: dict[str, Any], items: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The chat-completions body for `req` over the conversation `items`, and the fields it dropped.
+
+    `raw` is the body `req` was validated from: numbers are passed on as the client wrote them
+    (`0` stays `0`, not `0.0`), so the cache key equals that of the same chat request.
+    """
     if req.background:
         raise InvalidRequest("background responses are not supported by the gateway", param="background")
     dropped = [name for name in DROPPED_FIELDS if getattr(req, name) is not None]
@@ -256,9 +260,8 @@ def to_chat(req: ResponsesRequest, items: list[dict[str, Any]]) -> tuple[dict[st
     if req.max_output_tokens is not None:
         body["max_tokens"] = req.max_output_tokens
     for name in ("temperature", "top_p", "parallel_tool_calls", "user"):
-        value = getattr(req, name)
-        if value is not None:
-            body[name] = value
+        if getattr(req, name) is not None:
+            body[name] = raw[name]
     tools = req.function_tools()
     if tools:
         body["tools"] = [_chat_tool(tool) for tool in tools]
