@@ -102,3 +102,26 @@ def test_model_aliases_route_client_model_names(gw):
     assert gw.rec.bodies[-1]["model"] == "m"
     with pytest.raises(openai.NotFoundError):
         gpt.responses.create(model="o3", input="Hi.", store=False)
+
+
+@pytest.mark.slow
+def test_edge_answers_stream_in_each_apis_own_events(make_gateway):
+    gw = make_gateway(base={**PASS_THROUGH, "edge": {"enabled": True, "n_ctx": 1024, "slots": 2, "n_threads": 1}})
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+    kw = dict(model="edge", max_tokens=8, messages=[{"role": "user", "content": "What is the capital of France?"}],
+              extra_body={"temperature": 0})
+    raw = claude.messages.with_raw_response.create(**kw)
+    assert raw.headers["x-tierlane-lane"].startswith("edge")
+    with claude.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    whole = raw.parse()
+    # usage differs only in the prompt tokens the edge's prefix reuse read from its KV cache
+    assert final.model_dump(exclude={"id", "usage"}) == whole.model_dump(exclude={"id", "usage"})
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    gpt = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+    args = dict(model="edge", input="What is the capital of France?", max_output_tokens=8, temperature=0, store=False)
+    made = gpt.responses.create(**args)
+    with gpt.responses.stream(**args) as stream:
+        events = list(stream)
+    assert events[-1].response.output_text == made.output_text and events[-1].response.status == made.status
+    assert events[-1].response.usage.output_tokens == made.usage.output_tokens
