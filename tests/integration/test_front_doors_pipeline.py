@@ -125,3 +125,20 @@ def test_edge_answers_stream_in_each_apis_own_events(make_gateway):
         events = list(stream)
     assert events[-1].response.output_text == made.output_text and events[-1].response.status == made.status
     assert events[-1].response.usage.output_tokens == made.usage.output_tokens
+
+
+def test_a_stream_cut_upstream_ends_with_one_error_event_of_the_api(bg, make_gateway):
+    up = RunningApp(bg, fault_app("cut_stream", Recorder()))
+    gw = make_gateway(upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"], retries=0)])
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as err:
+        with claude.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "Hi."}]) as stream:
+            for _ in stream:
+                pass
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "api_error"
+    body = {"model": "m", "input": "Hi.", "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/responses", json=body, timeout=30) as r:
+        text = r.read().decode()
+    events = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+    assert events[:2] == ["response.created", "response.in_progress"] and events[-1] == "error"
+    assert events.count("error") == 1 and "response.completed" not in events and "[DONE]" not in text

@@ -158,3 +158,22 @@ def test_errors_are_openai_errors(recorded):
     dropped = sdk.responses.create(model="m", input="Hi.", reasoning={"effort": "low"}, truncation="auto",
                                    service_tier="auto", store=False)
     assert dropped.output_text
+
+
+def test_stored_responses_are_shared_through_valkey(bg, make_gateway, valkey):
+    """With state.backend redis two replicas serve one conversation; tenants stay apart there too."""
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text="Blue is a colour"))
+    keys = [{"sha256": hash_key(KEY_A), "tenant": "a"}, {"sha256": hash_key(KEY_B), "tenant": "b"}]
+    settings = dict(upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"])], auth={"mode": "keys", "keys": keys},
+                    state={"backend": "redis", "url": valkey.url, "op_timeout_ms": 1000})
+    one, two = make_gateway(**settings), make_gateway(**settings)
+    first = client(one, KEY_A).responses.create(model="m", input="Name a colour.")
+    second = client(two, KEY_A).responses.create(model="m", input="Another?", previous_response_id=first.id)
+    assert [m["content"] for m in rec.bodies[-1]["messages"]] == ["Name a colour.", "Blue is a colour", "Another?"]
+    assert client(one, KEY_A).responses.retrieve(second.id).output_text == "Blue is a colour"
+    with pytest.raises(openai.NotFoundError):
+        client(two, KEY_B).responses.retrieve(first.id)
+    client(two, KEY_A).responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client(one, KEY_A).responses.retrieve(first.id)
