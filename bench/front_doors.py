@@ -1,0 +1,120 @@
+"""Front doors: the added latency of /v1/messages and /v1/responses over /v1/chat/completions.
+
+Writes bench/results/front_doors.json. One gateway in pass-through mode (no cache, router,
+trim, edge or telemetry) before the fixed-answer upstream; the same question asked through the
+three APIs, rounds alternated so drift on a noisy machine hits all alike. `responses_stored` is
+the Responses API with its default `store: true` (one SQLite write per request on the
+gateway's worker thread); `responses` sends `store: false` and measures the translation alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write
+from bench.proxy_overhead import pass_through_config
+
+QUESTION = "What is six times seven?"
+BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions",
+             {"model": "fast-model", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16}),
+    "messages": ("/v1/messages",
+                 {"model": "fast-model", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16}),
+    "responses": ("/v1/responses", {"model": "fast-model", "input": QUESTION, "max_output_tokens": 16, "store": False}),
+    "responses_stored": ("/v1/responses", {"model": "fast-model", "input": QUESTION, "max_output_tokens": 16}),
+}
+TARGET_ADDED_P50_MS = 0.3
+
+
+async def measure(base: str, concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
+    lat: dict[str, list[float]] = {k: [] for k in BODIES}
+    overheads: dict[str, list[float]] = {k: [] for k in BODIES}
+    walls = dict.fromkeys(BODIES, 0.0)
+    errors = dict.fromkeys(BODIES, 0)
+    per_round = max(1, requests // rounds)
+    with tqdm(total=per_round * rounds * len(BODIES), desc=f"concurrency {concurrency}", unit="req") as bar:
+        for path, body in BODIES.values():  # warm-up: connections, imports, the store's first writes
+            await load(base + path, body, concurrency=concurrency, requests=min(200, per_round))
+        for _ in range(rounds):
+            for name, (path, body) in BODIES.items():
+                got, wall, err = await load(base + path, body, concurrency=concurrency, requests=per_round, progress=bar,
+                                            overheads=overheads[name])
+                lat[name] += got
+                walls[name] += wall
+                errors[name] += err
+    out: dict[str, Any] = {}
+    for name in BODIES:
+        out[name] = {**summary_ms(lat[name]), "rps": round(len(lat[name]) / walls[name], 1), "errors": errors[name],
+                     # what the gateway measured of itself (x-tierlane-overhead-ms): no client or scheduler wait
+                     "self_reported": summary_ms([x / 1000 for x in overheads[name]])}
+    chat = out["chat"]
+    for name in ("messages", "responses", "responses_stored"):
+        mine = out[name]
+        mine["added_p50_ms"] = round(mine["p50_ms"] - chat["p50_ms"], 3)
+        mine["added_p99_ms"] = round(mine["p99_ms"] - chat["p99_ms"], 3)
+        mine["added_self_p50_ms"] = round(mine["self_reported"]["p50_ms"] - chat["self_reported"]["p50_ms"], 3)
+        mine["added_self_p99_ms"] = round(mine["self_reported"]["p99_ms"] - chat["self_reported"]["p99_ms"], 3)
+    return out
+
+
+def verdict(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for level, r in results.items():
+        out[level] = {name: {"added_p50_ms": r[name]["added_p50_ms"], "added_self_p50_ms": r[name]["added_self_p50_ms"],
+                             "met": r[name]["added_p50_ms"] <= TARGET_ADDED_P50_MS,
+                             "met_by_the_gateways_own_time": r[name]["added_self_p50_ms"] <= TARGET_ADDED_P50_MS}
+                      for name in ("messages", "responses")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=2400, help="requests per API and concurrency")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tierlane-bench-"))
+    up_port, gw_port = free_port(), free_port()
+    upstream = start([sys.executable, str(Path(__file__).with_name("fast_upstream.py")), "--port", str(up_port)],
+                     f"http://127.0.0.1:{up_port}/v1/models", tmp / "upstream.log")
+    config = pass_through_config(f"http://127.0.0.1:{up_port}/v1", str(tmp / "state"))
+    gateway = start(gateway_cmd(config, tmp / "gateway.yaml", gw_port), f"http://127.0.0.1:{gw_port}/healthz", tmp / "gateway.log")
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    try:
+        results: dict[str, Any] = {}
+        for c in args.concurrency:
+            r = asyncio.run(measure(f"http://127.0.0.1:{gw_port}", c, args.requests, args.rounds))
+            results[f"concurrency_{c}"] = r
+            for name in ("messages", "responses", "responses_stored"):
+                m = r[name]
+                print(f"concurrency {c} {name}: added p50 {m['added_p50_ms']} ms, p99 {m['added_p99_ms']} ms "
+                      f"(chat p50 {r['chat']['p50_ms']} ms); gateway's own added p50 {m['added_self_p50_ms']} ms, "
+                      f"p99 {m['added_self_p99_ms']} ms")
+    finally:
+        stop(gateway)
+        stop(upstream)
+    path = write("front_doors", {
+        "what": "added latency of /v1/messages and /v1/responses over /v1/chat/completions, same question, same "
+                "fixed-answer upstream, one pass-through gateway",
+        "targets": {"added_p50_ms": f"<= {TARGET_ADDED_P50_MS} (messages, responses; at every concurrency)"},
+        "requests_per_api": args.requests,
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
+        "note": "client-side percentiles on a shared 2-core machine carry the scheduler's noise of every process on "
+                "it; self_reported (x-tierlane-overhead-ms) is the gateway's own time per request, lane excluded",
+        "results": results,
+        "verdict": verdict(results),
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
