@@ -79,7 +79,7 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=2400, help="requests per API and concurrency")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=40, help="short rounds: drift on a shared machine hits every API alike")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tierlane-bench-"))

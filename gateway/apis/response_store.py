@@ -54,6 +54,10 @@ class SqliteResponseStore:
         self._path = path
         self._db: sqlite3.Connection | None = None
         self._writes = 0
+        # NOTE: writes queue here (event loop only) and are committed in batches on the worker
+        # thread: under concurrency one commit carries many responses.
+        self._pending: list[tuple[str, str, bytes, asyncio.Future[None]]] = []
+        self._flushing: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         await self._run(self._open)
@@ -77,14 +81,40 @@ class SqliteResponseStore:
         return self._db
 
     async def put(self, tenant: str, response_id: str, record: Record) -> None:
-        await self._run(self._put, tenant, response_id, orjson.dumps(record))
+        """Stored once this returns; writes that arrive while one is committed share the next commit."""
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append((tenant, response_id, orjson.dumps(record), done))
+        if self._flushing is None:
+            self._flushing = asyncio.ensure_future(self._flush())
+        await done
 
-    def _put(self, tenant: str, response_id: str, blob: bytes) -> None:
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self._run(self._put_many, [(t, i, b) for t, i, b, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - every waiter gets the store's failure as a 503
+                    for *_, done in batch:
+                        if not done.done():
+                            done.set_exception(StoreFailed(f"the response store failed: {type(exc).__name__}: {exc}"))
+                    continue
+                for *_, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            self._flushing = None
+
+    def _put_many(self, rows: list[tuple[str, str, bytes]]) -> None:
         now = time.time()
         db = self._conn()
-        db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", (tenant, response_id, now + self.ttl_s, blob))
-        self._writes += 1
-        if self._writes % _SWEEP_EVERY == 0:
+        with db:
+            db.execute("BEGIN")
+            db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+                           [(tenant, response_id, now + self.ttl_s, blob) for tenant, response_id, blob in rows])
+        before = self._writes
+        self._writes += len(rows)
+        if self._writes // _SWEEP_EVERY != before // _SWEEP_EVERY:
             db.execute("DELETE FROM responses WHERE expires < ?", (now,))
 
     async def get(self, tenant: str, response_id: str) -> Record | None:
@@ -107,6 +137,9 @@ class SqliteResponseStore:
         return cursor.rowcount > 0
 
     async def close(self) -> None:
+        if self._flushing is not None:
+            await self._flushing
+
         def shut() -> None:
             if self._db is not None:
                 self._db.close()

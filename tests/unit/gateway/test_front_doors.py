@@ -187,6 +187,10 @@ def test_the_sqlite_store_scopes_by_tenant_and_expires(tmp_path):
             assert await store.get("a", "resp_1") is None
             await store.put("a", "resp_2", {"x": 1})
             assert await store.delete("a", "resp_2") and await store.get("a", "resp_2") is None
+            store.ttl_s = 60
+            # concurrent writes are committed in batches; each is stored when its put returns
+            await asyncio.gather(*(store.put("a", f"resp_{i}", {"i": i}) for i in range(40)))
+            assert [await store.get("a", f"resp_{i}") for i in range(40)] == [{"i": i} for i in range(40)]
         finally:
             await store.close()
 
