@@ -4,11 +4,16 @@ A record is one response with the items it answered (`input`) and the conversati
 them (`context`), so `previous_response_id` rebuilds a conversation from one read. Records are
 keyed by tenant and id, so another tenant's id is simply not found, and expire after
 `responses.ttl_s`.
+
+SQLite writes are written behind (batched, on one worker thread) and read back from memory
+until committed, so no answer waits on the disk; a process killed within those milliseconds
+loses those records. Redis writes are awaited: another replica may be asked for them next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +26,8 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 _SWEEP_EVERY = 256  # writes between two deletions of expired rows (SQLite)
@@ -54,9 +61,9 @@ class SqliteResponseStore:
         self._path = path
         self._db: sqlite3.Connection | None = None
         self._writes = 0
-        # NOTE: writes queue here (event loop only) and are committed in batches on the worker
-        # thread: under concurrency one commit carries many responses.
-        self._pending: list[tuple[str, str, bytes, asyncio.Future[None]]] = []
+        # NOTE: writes wait here (touched on the event loop only) and are committed in batches on
+        # the worker thread: (tenant, id) -> (expires, record).
+        self._pending: dict[tuple[str, str], tuple[float, bytes]] = {}
         self._flushing: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
@@ -81,45 +88,47 @@ class SqliteResponseStore:
         return self._db
 
     async def put(self, tenant: str, response_id: str, record: Record) -> None:
-        """Stored once this returns; writes that arrive while one is committed share the next commit."""
-        done = asyncio.get_running_loop().create_future()
-        self._pending.append((tenant, response_id, orjson.dumps(record), done))
+        """Kept at once for this replica's reads; written behind, many responses to one commit.
+
+        The caller never waits on the disk: a stored response is read back from `_pending` until
+        its commit, so the next turn of a conversation finds it however soon it comes.
+        """
+        self._pending[(tenant, response_id)] = (time.time() + self.ttl_s, orjson.dumps(record))
         if self._flushing is None:
             self._flushing = asyncio.ensure_future(self._flush())
-        await done
 
     async def _flush(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                batch, self._pending = self._pending, {}
+                # NOTE: reads and deletes run on the same single worker thread after this write,
+                # so a response taken out of `_pending` here is never missed by them.
+                rows = [(tenant, rid, expires, blob) for (tenant, rid), (expires, blob) in batch.items()]
                 try:
-                    await self._run(self._put_many, [(t, i, b) for t, i, b, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - every waiter gets the store's failure as a 503
-                    for *_, done in batch:
-                        if not done.done():
-                            done.set_exception(StoreFailed(f"the response store failed: {type(exc).__name__}: {exc}"))
-                    continue
-                for *_, done in batch:
-                    if not done.done():
-                        done.set_result(None)
+                    await self._run(self._put_many, rows)
+                except Exception:  # the answers are already out: the loss is logged
+                    log.exception("could not store %d responses", len(rows))
         finally:
             self._flushing = None
 
-    def _put_many(self, rows: list[tuple[str, str, bytes]]) -> None:
+    def _put_many(self, rows: list[tuple[str, str, float, bytes]]) -> None:
         now = time.time()
         db = self._conn()
         with db:
             db.execute("BEGIN")
-            db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
-                           [(tenant, response_id, now + self.ttl_s, blob) for tenant, response_id, blob in rows])
+            db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", rows)
         before = self._writes
         self._writes += len(rows)
         if self._writes // _SWEEP_EVERY != before // _SWEEP_EVERY:
             db.execute("DELETE FROM responses WHERE expires < ?", (now,))
 
     async def get(self, tenant: str, response_id: str) -> Record | None:
-        blob = await self._run(self._get, tenant, response_id)
-        return None if blob is None else orjson.loads(blob)
+        pending = self._pending.get((tenant, response_id))
+        if pending is not None:
+            expires, blob = pending
+            return orjson.loads(blob) if expires >= time.time() else None
+        stored = await self._run(self._get, tenant, response_id)
+        return None if stored is None else orjson.loads(stored)
 
     def _get(self, tenant: str, response_id: str) -> bytes | None:
         row = self._conn().execute(
@@ -128,7 +137,9 @@ class SqliteResponseStore:
         return None if row is None else bytes(row[0])
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return bool(await self._run(self._delete, tenant, response_id))
+        pending = self._pending.pop((tenant, response_id), None)
+        deleted = bool(await self._run(self._delete, tenant, response_id))
+        return deleted or (pending is not None and pending[0] >= time.time())
 
     def _delete(self, tenant: str, response_id: str) -> bool:
         cursor = self._conn().execute(

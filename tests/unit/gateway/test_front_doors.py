@@ -188,11 +188,20 @@ def test_the_sqlite_store_scopes_by_tenant_and_expires(tmp_path):
             await store.put("a", "resp_2", {"x": 1})
             assert await store.delete("a", "resp_2") and await store.get("a", "resp_2") is None
             store.ttl_s = 60
-            # concurrent writes are committed in batches; each is stored when its put returns
+            # written behind in batches: readable at once, on disk once the store is closed
             await asyncio.gather(*(store.put("a", f"resp_{i}", {"i": i}) for i in range(40)))
-            assert [await store.get("a", f"resp_{i}") for i in range(40)] == [{"i": i} for i in range(40)]
+            assert await store.get("a", "resp_39") == {"i": 39}
+            await store.put("a", "gone", {"x": 1})
+            assert await store.delete("a", "gone") and await store.get("a", "gone") is None
         finally:
             await store.close()
+        reopened = SqliteResponseStore(tmp_path / "r.sqlite3", ttl_s=60)
+        await reopened.start()
+        try:
+            assert [await reopened.get("a", f"resp_{i}") for i in range(40)] == [{"i": i} for i in range(40)]
+            assert await reopened.get("a", "gone") is None
+        finally:
+            await reopened.close()
 
     asyncio.run(run())
 
