@@ -133,6 +133,8 @@ def render_front_doors(data: dict[str, Any]) -> list[str]:
     rows = []
     verdict = data.get("verdict") or {}
     for level, r in data.get("results", {}).items():
+        if level == "edge_stream_ttfb":
+            continue
         for name in ("chat", "messages", "responses", "responses_stored"):
             t = r[name]
             met = (verdict.get(level) or {}).get(name, {}).get("met")
@@ -140,6 +142,13 @@ def render_front_doors(data: dict[str, Any]) -> list[str]:
                          t.get("added_p99_ms", 0.0), t.get("added_self_p50_ms", 0.0), "–" if met is None else met])
     lines = _table(["concurrency", "API", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "gateway's own added p50 ms",
                     "target met"], rows)
+    ttfb = data.get("results", {}).get("edge_stream_ttfb")
+    if ttfb:
+        lines += ["", "Time to first byte of a streamed edge answer (bundled model, max_tokens 8, one at a time):", ""]
+        lines += _table(["API", "p50 ms", "p99 ms", "p50 ÷ chat's", "target met"],
+                        [[name, t["p50_ms"], t["p99_ms"], t.get("p50_ratio_to_chat", 1.0),
+                          (verdict.get("edge_stream_ttfb") or {}).get(name, {}).get("met", "–")]
+                         for name, t in ttfb.items()])
     lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + ". "
               "`responses_stored` is the Responses API's default `store: true`."]
     return lines
