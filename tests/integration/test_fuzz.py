@@ -224,7 +224,7 @@ def test_embeddings_survive_hostile_bodies(gateway):
 def test_messages_survive_hostile_bodies(gateway, model):
     base = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
 
-    @settings(FAST, max_examples=EXAMPLES // 2)
+    @settings(FAST, max_examples=EXAMPLES // 3)
     @given(body=_bodies(base, MESSAGES_FIELDS, FRONT_MESSAGE), encoding=ENCODINGS)
     def run(body: dict[str, Any], encoding: str) -> None:
         _check(_post(gateway, "/v1/messages", _bounded_front(body), encoding), anthropic_shape=True)
@@ -237,7 +237,7 @@ def test_messages_survive_hostile_bodies(gateway, model):
 def test_responses_survive_hostile_bodies(gateway, model):
     base = {"model": model, "max_output_tokens": 4, "input": "What is 2 + 2?"}
 
-    @settings(FAST, max_examples=EXAMPLES // 2)
+    @settings(FAST, max_examples=EXAMPLES // 3)
     @given(body=_bodies(base, RESPONSES_FIELDS, FRONT_MESSAGE), encoding=ENCODINGS,
            path=st.sampled_from(["/v1/responses", "/v1/messages/count_tokens"]))
     def run(body: dict[str, Any], encoding: str, path: str) -> None:
