@@ -123,18 +123,6 @@ class Metadata(_Closed):
     user_id: StrictStr | None = None
 
 
-class _Prompt(_Closed):
-    """What a Messages request and a count_tokens request share."""
-
-    model: StrictStr = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
-    system: StrictStr | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
-    context_management: dict[str, Any] | None = None
-
-
 class OutputFormat(_Closed):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
@@ -143,6 +131,28 @@ class OutputFormat(_Closed):
 class OutputConfig(_Open):
     effort: StrictStr | None = None  # how hard a Claude model thinks: dropped
     format: OutputFormat | None = None
+
+
+class _Prompt(_Closed):
+    """What a Messages request and a count_tokens request share."""
+
+    model: StrictStr = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    system: StrictStr | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
+    # accepted and dropped (DROPPED_FIELDS)
+    thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    service_tier: StrictStr | None = None
+    inference_geo: StrictStr | None = None
+    cache_control: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    speed: StrictStr | None = None
+    user_profile_id: StrictStr | None = None
+    workspace_id: StrictStr | None = None
 
 
 class MessagesRequest(_Prompt):
@@ -154,16 +164,6 @@ class MessagesRequest(_Prompt):
     top_k: StrictInt | None = Field(None, ge=0)
     metadata: Metadata | None = None
     stream: StrictBool = False
-    output_config: OutputConfig | None = None
-    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
-    # accepted and dropped (DROPPED_FIELDS)
-    service_tier: StrictStr | None = None
-    inference_geo: StrictStr | None = None
-    cache_control: dict[str, Any] | None = None
-    diagnostics: dict[str, Any] | None = None
-    speed: StrictStr | None = None
-    user_profile_id: StrictStr | None = None
-    workspace_id: StrictStr | None = None
 
 
 class CountTokensRequest(_Prompt):
@@ -458,7 +458,9 @@ def render_error(err: GatewayError, request_id: str) -> bytes:
 async def create_message(request: web.Request) -> web.StreamResponse:
     raw = await read_json(request)
     body, dropped = to_chat(protocol.check(MessagesRequest, raw), raw)
-    return await serve(request, chat_context(request, body, "messages", dropped), WIRE)
+    ctx = chat_context(request, body, "messages", dropped)
+    ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
+    return await serve(request, ctx, WIRE)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ def test_create_and_stream_give_the_same_message(gateway):
     raw = sdk.messages.with_raw_response.create(**kw)
     whole = raw.parse()
     assert raw.headers["x-tierlane-lane"] == "upstream:default"
+    assert whole._request_id == raw.headers["x-request-id"]
     assert whole.type == "message" and whole.role == "assistant"
     assert whole.content and whole.content[0].type == "text" and whole.content[0].text
     assert whole.stop_reason in ("end_turn", "max_tokens")
@@ -64,7 +65,8 @@ def test_length_stop_maps_to_max_tokens(gateway):
 def test_count_tokens_grows_with_the_prompt(gateway):
     sdk = client(gateway)
     short = sdk.messages.count_tokens(model=UPSTREAM_MODEL, messages=QUESTION)
-    long = sdk.messages.count_tokens(model=UPSTREAM_MODEL, system="You are a careful assistant. " * 10, messages=QUESTION)
+    long = sdk.messages.count_tokens(model=UPSTREAM_MODEL, system="You are a careful assistant. " * 10, messages=QUESTION,
+                                     thinking={"type": "disabled"}, cache_control={"type": "ephemeral"})
     assert 0 < short.input_tokens < long.input_tokens
 
 
