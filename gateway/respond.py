@@ -91,7 +91,6 @@ async def serve(request: web.Request, ctx: RequestContext, wire: WireFormat = OP
     exactly once: one ledger row, and the budget reservation settled or released.
     """
     request[CONTEXT] = ctx
-    ctx.attributes["tierlane.api"] = ctx.api
     pipeline = request.app[PIPELINE]
     try:
         answer = await pipeline.answer(ctx)

@@ -217,3 +217,23 @@ def test_aliases_exact_then_globs_and_never_over_a_served_name():
     assert catalog.alias("claude-sonnet-4-5") == "big"
     assert catalog.alias("claude-x") == "gpt-4o-mini"
     assert catalog.alias("o3") is None
+
+
+def test_the_api_and_the_dropped_fields_are_on_the_span_attributes():
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from gateway.apis.common import chat_context
+    from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
+    from telemetry.spans import request_attributes
+
+    app = web.Application()
+    app[SETTINGS] = Settings.load(env={}, overrides=PASS_THROUGH)
+    request = make_mocked_request("POST", "/v1/messages", app=app)
+    request[REQUEST_ID], request[RECEIVED_AT] = "r", 0.0
+    request[PRINCIPAL] = Principal(tenant="t", app="a", key_id="k")
+    body, dropped = messages_chat({"model": "m", "max_tokens": 8, "thinking": {"type": "adaptive"}, "speed": "fast",
+                                   "messages": [{"role": "user", "content": "Hi."}]})
+    attributes = request_attributes(chat_context(request, body, "messages", dropped))
+    assert attributes["tierlane.api"] == "messages"
+    assert attributes["tierlane.dropped_fields"] == "speed,thinking"
