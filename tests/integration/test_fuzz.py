@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -245,6 +246,29 @@ def test_responses_survive_hostile_bodies(gateway, model):
 
     run()
     _still_serving(gateway)
+
+
+def test_stored_response_routes_survive_hostile_ids_and_parameters(gateway):
+    made = httpx.post(gateway.url + "/v1/responses", json={"model": "edge", "input": "Hi.", "max_output_tokens": 2}, timeout=60)
+    assert made.status_code == 200, made.text
+    ids = st.one_of(st.just(made.json()["id"]), st.text(min_size=1, max_size=40).filter(lambda x: "/" not in x and x not in ".."))
+    params = st.dictionaries(st.sampled_from(["limit", "order", "after", "include", "stream"]),
+                             st.one_of(st.text(max_size=8), st.sampled_from(["0", "101", "-1", "1e9", "asc", "desc", "nan"])),
+                             max_size=3)
+
+    @settings(FAST, max_examples=EXAMPLES // 2)
+    @given(response_id=ids, params=params, route=st.sampled_from(["get", "items", "delete"]))
+    def run(response_id: str, params: dict[str, str], route: str) -> None:
+        url = f"{gateway.url}/v1/responses/{quote(response_id, safe='')}"
+        if route == "items":
+            r = httpx.get(url + "/input_items", params=params, timeout=30)
+        elif route == "get":
+            r = httpx.get(url, params=params, timeout=30)
+        else:
+            r = httpx.delete(url, timeout=30)
+        _check(r)
+
+    run()
 
 
 QUERY = st.dictionaries(
