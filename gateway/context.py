@@ -36,6 +36,9 @@ class Answer:
     chunks: AsyncGenerator[dict[str, Any], None] | None = None
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    # An upstream that served the client's API natively: its whole answer as the client gets it
+    # (`body` then holds the same answer in the chat shape, for the completion hooks).
+    native: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -71,6 +74,7 @@ class RequestContext:
     edge_prior: float | None = None  # the calibration's prior that the edge answers this right
     fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
+    native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -147,7 +147,10 @@ async def deliver(
 ) -> web.StreamResponse:
     if answer.chunks is None:
         body = answer.body or {}
-        shown = await wire.body(ctx, body) if answer.status == 200 and wire is not OPENAI else body
+        if answer.native is not None:
+            shown = answer.native
+        else:
+            shown = await wire.body(ctx, body) if answer.status == 200 and wire is not OPENAI else body
         response = web.Response(
             body=orjson.dumps(shown),
             status=answer.status,

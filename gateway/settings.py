@@ -87,12 +87,20 @@ class AuthSettings(_Strict):
     )
 
 
+NativeApi = Literal["chat", "messages"]
+
+
 class UpstreamSettings(_Strict):
     name: str
     base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1")
     api_key_env: str | None = Field(None, description="environment variable holding the upstream key")
     pass_client_auth: bool = Field(False, description="forward the client's own Authorization header")
     models: list[str] = Field(default_factory=lambda: ["*"], description='model names served; "*" = any')
+    apis: list[NativeApi] = Field(
+        default_factory=lambda: list[NativeApi](["chat"]),
+        description="APIs served natively: chat (OpenAI's, always), messages (Anthropic's /messages): a Messages request "
+        "routed to a pool whose every upstream (fallbacks included) serves it gets the client's body as sent, model mapped",
+    )
     pool: str = "default"
     connect_timeout_s: float = Field(3.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest silence between bytes")

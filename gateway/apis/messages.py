@@ -364,6 +364,7 @@ class MessagesEncoder:
         self.open: int | None = None  # the index of the block still open
         self.open_text = False
         self.tools: dict[int, int] = {}  # chat tool call index -> content block index
+        self.native = False  # the events come from an upstream that serves the Messages API
 
     def _start(self, model: Any) -> bytes:
         self.started = True
@@ -386,6 +387,10 @@ class MessagesEncoder:
         return closed + sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
+        native = chunk.get("native")
+        if native is not None:  # an upstream serving the Messages API: its own events, as they come
+            self.native = True
+            return sse(str(native.get("type")), native)
         out = [] if self.started else [self._start(chunk.get("model"))]
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -413,6 +418,8 @@ class MessagesEncoder:
         return b"".join(out)
 
     async def end(self, response: dict[str, Any]) -> bytes:
+        if self.native:
+            return b""  # message_stop came from the upstream
         out = [] if self.started else [self._start(response.get("model"))]
         out.append(self._close())
         _, reason = first_choice(response)
@@ -460,6 +467,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     body, dropped = to_chat(protocol.check(MessagesRequest, raw), raw)
     ctx = chat_context(request, body, "messages", dropped)
     ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
+    ctx.native_body = raw  # for an upstream that serves the Messages API itself
     return await serve(request, ctx, WIRE)
 
 

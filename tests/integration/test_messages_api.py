@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gateway.auth import hash_key
+from tests.support.anthropic_upstream import TEXT, anthropic_app
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder
@@ -143,3 +144,35 @@ def test_dropped_fields_are_accepted(gateway):
         extra_headers={"anthropic-beta": "context-management-2025-06-27"},
     )
     assert out.content
+
+
+def test_an_upstream_serving_messages_natively_gets_the_body_as_sent(bg, make_gateway, tmp_path):
+    """`apis: [chat, messages]`: thinking and cache marks reach it; its own answer (thinking block
+    included) reaches the client, JSON and stream alike, and is metered once each."""
+    rec = Recorder()
+    up = RunningApp(bg, anthropic_app(rec))
+    gw = make_gateway(upstreams=[upstream_cfg("claude", up.url + "/v1", models=["big-model"], apis=["chat", "messages"],
+                                              api_key="upstream-secret")],
+                      model_aliases={"claude-*": "big-model"}, telemetry={"metering": True})
+    sdk = client(gw)
+    kw = dict(model="claude-sonnet-4-5", max_tokens=16, thinking={"type": "enabled", "budget_tokens": 1024},
+              system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+              messages=[{"role": "user", "content": "Capital of France?"}])
+    whole = sdk.messages.create(**kw)
+    assert [block.type for block in whole.content] == ["thinking", "text"] and whole.content[1].text == TEXT
+    sent = rec.bodies[-1]
+    assert sent["model"] == "big-model" and sent["thinking"] == kw["thinking"] and sent["system"] == kw["system"]
+    assert rec.headers[-1]["x-api-key"] == "upstream-secret"
+    with sdk.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.model_dump(exclude={"usage"}) == whole.model_dump(exclude={"usage"})
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    httpx.get(gw.url + "/v1/usage", timeout=30)  # flushes the ledger
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "state" / "ledger.sqlite3")
+    try:
+        rows = conn.execute("SELECT api, stream, input_tokens, output_tokens FROM requests").fetchall()
+    finally:
+        conn.close()
+    assert rows == [("messages", 0, 15, 5), ("messages", 1, 15, 5)]
