@@ -10,6 +10,7 @@ import pytest
 
 from gateway import protocol
 from gateway.apis import messages as msgs
+from gateway.apis import messages_wire as mw
 from gateway.apis import responses_wire as rw
 from gateway.apis.response_store import SqliteResponseStore
 from gateway.apis.responses import ResponsesEncoder, Turn
@@ -22,7 +23,7 @@ from tests.support.config import PASS_THROUGH, upstream_cfg
 
 
 def messages_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    return msgs.to_chat(protocol.check(msgs.MessagesRequest, body), body)
+    return mw.to_chat(protocol.check(mw.MessagesRequest, body), body)
 
 
 def responses_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
