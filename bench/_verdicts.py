@@ -313,6 +313,25 @@ def _edge_quality(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _front_doors(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    verdict, n = d.get("verdict", {}), d.get("requests_per_api")
+    for level, by_api in verdict.items():
+        if not level.startswith("concurrency_"):
+            continue
+        for api, r in by_api.items():
+            c = level.removeprefix("concurrency_")
+            out.append(target(f"{api} added p50 ms over chat at {c} in flight (client side)", r.get("added_p50_ms"), "<=", 0.3,
+                              n=n, n_of="requests per API"))
+            out.append(target(f"{api} added p50 ms over chat at {c} in flight (the gateway's own time)",
+                              r.get("added_self_p50_ms"), "<=", 0.3, n=n, n_of="requests per API"))
+    ttfb = d.get("results", {}).get("edge_stream_ttfb", {})
+    for api, r in verdict.get("edge_stream_ttfb", {}).items():
+        out.append(target(f"{api} edge stream time to first byte p50 / chat's", r.get("p50_ratio_to_chat"), "<=", 1.05,
+                          n=ttfb.get(api, {}).get("n"), n_of="streams per API"))
+    return out
+
+
 def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
     schemas, outage = d.get("schemas", {}), d.get("outage", {})
     cases = schemas.get("cases")
@@ -329,6 +348,7 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
 
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
+    "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,

@@ -151,6 +151,31 @@ def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
     )
 
 
+def render_front_doors(data: dict[str, Any]) -> list[str]:
+    rows = []
+    verdict = data.get("verdict") or {}
+    for level, r in data.get("results", {}).items():
+        if level == "edge_stream_ttfb":
+            continue
+        for name in ("chat", "messages", "responses", "responses_stored"):
+            t = r[name]
+            met = (verdict.get(level) or {}).get(name, {}).get("met")
+            rows.append([level.removeprefix("concurrency_"), name, t["p50_ms"], t["p99_ms"], t.get("added_p50_ms", 0.0),
+                         t.get("added_p99_ms", 0.0), t.get("added_self_p50_ms", 0.0), "–" if met is None else met])
+    lines = _table(["concurrency", "API", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "gateway's own added p50 ms",
+                    "target met"], rows)
+    ttfb = data.get("results", {}).get("edge_stream_ttfb")
+    if ttfb:
+        lines += ["", "Time to first byte of a streamed edge answer (bundled model, max_tokens 8, one at a time):", ""]
+        lines += _table(["API", "p50 ms", "p99 ms", "p50 ÷ chat's", "target met"],
+                        [[name, t["p50_ms"], t["p99_ms"], t.get("p50_ratio_to_chat", 1.0),
+                          (verdict.get("edge_stream_ttfb") or {}).get(name, {}).get("met", "–")]
+                         for name, t in ttfb.items()])
+    lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + ". "
+              "`responses_stored` is the Responses API's default `store: true`."]
+    return lines
+
+
 def render_shared_state(data: dict[str, Any]) -> list[str]:
     results = data.get("results", {})
     rows = []
@@ -538,6 +563,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_latency": render_cache_latency,
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,
+    "front_doors": render_front_doors,
     "shared_state": render_shared_state,
     "demo": render_replay,
     "edge_engine": render_edge_engine,

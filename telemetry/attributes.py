@@ -26,6 +26,7 @@ TENANT = "tierlane.tenant"
 APP = "tierlane.app"
 LANE = "tierlane.lane"
 REQUEST_ID = "tierlane.request_id"
+API = "tierlane.api"  # the wire API a request came in through (chat, messages, responses, ...)
 CACHE_STATUS = "tierlane.cache.status"
 CACHE_SIMILARITY = "tierlane.cache.similarity"
 ROUTE_SCORE = "tierlane.route.score"

@@ -330,6 +330,7 @@ class Telemetry:
             escalation_reason=(check.reason or "unknown") if check is not None and escalated else None,
             cache_similarity=ctx.cache_similarity if ctx.cache_status == "hit" else None,
             trace_id=trace_id,
+            api=ctx.api,
         )
 
     def _measurement(

@@ -89,6 +89,7 @@ class LedgerRow:
     escalation_reason: str | None = None  # EdgeCheck.reason of an escalated request
     cache_similarity: float | None = None  # similarity of the cache entry that answered (hits)
     trace_id: str | None = None  # 32 hex digits of the request's trace, when it has one
+    api: str = "chat"  # the wire API it came in through: chat, completions, embeddings, messages, responses
 
     @property
     def day(self) -> str:
@@ -149,6 +150,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "escalation_reason": "TEXT",
     "cache_similarity": "REAL",
     "trace_id": "TEXT",
+    "api": "TEXT NOT NULL DEFAULT 'chat'",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

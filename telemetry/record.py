@@ -28,6 +28,9 @@ class MeteredRequest(Protocol):
     def operation(self) -> str: ...
 
     @property
+    def api(self) -> str: ...  # the wire API (attribution only)
+
+    @property
     def body(self) -> dict[str, Any]: ...
 
     @property
