@@ -52,7 +52,9 @@ wheelhouse() {
   # The tested versions: every package of the virtualenv `make install` built, tierlane itself aside.
   "$PIP" freeze --exclude-editable | grep -viE '^(tierlane|-e )' > "$WHEELS/constraints.txt"
   log "wheelhouse: tierlane's dependencies at the virtualenv's versions"
-  quiet_pip download -q -c "$WHEELS/constraints.txt" --find-links "$WHEELS" -d "$WHEELS" . "setuptools>=69" wheel
+  # async-timeout: redis needs it below Python 3.11.3 (Debian's bookworm has 3.11.2), which this
+  # virtualenv's Python may be past.
+  quiet_pip download -q -c "$WHEELS/constraints.txt" --find-links "$WHEELS" -d "$WHEELS" . "setuptools>=69" wheel "async-timeout>=4.0.3"
   log "wheelhouse: $(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1), $(elapsed "$t0") s"
 }
 
