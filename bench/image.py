@@ -153,6 +153,8 @@ def http_status(url: str, key: str | None = None) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+    except OSError:  # not listening yet
+        return 0, b""
 
 
 def image_size(engine: str, image: str) -> int:
@@ -167,7 +169,8 @@ def image_size(engine: str, image: str) -> int:
 def space(runner: Runner) -> dict[str, float]:
     """MB of the base system and the largest packages of the image's virtualenv."""
     site = runner.exec(["sh", "-c", "ls -d /opt/tierlane/lib/python3*/site-packages"]).strip()
-    out = runner.exec(["sh", "-c", f"du -sm /opt/tierlane {site}/* /usr /var 2>/dev/null"], user="0")
+    # One du per tree: du counts a directory once, under the first argument that holds it.
+    out = runner.exec(["sh", "-c", f"du -sm /opt/tierlane /usr /var; du -sm {site}/*"], user="0")
     sizes = {path: float(mb) for mb, path in (line.split("\t", 1) for line in out.splitlines())}
     top = sorted(((p, mb) for p, mb in sizes.items() if p.startswith(site + "/") and not p.endswith(".dist-info")), key=lambda x: -x[1])
     result = {"/usr and /var (Debian, Python 3.11)": sizes.get("/usr", 0.0) + sizes.get("/var", 0.0), "/opt/tierlane (virtualenv, models)": sizes["/opt/tierlane"]}

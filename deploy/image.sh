@@ -130,7 +130,7 @@ case "$ENGINE" in
     debian_base
     base=$DEBIAN_BASE
     t_build=$(date +%s.%N)
-    "${BUILDAH[@]}" bud --isolation chroot --pull=never --build-arg "BASE_IMAGE=$DEBIAN_BASE" "${args[@]}" .
+    "${BUILDAH[@]}" bud --format docker --isolation chroot --pull=never --build-arg "BASE_IMAGE=$DEBIAN_BASE" "${args[@]}" .
     "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true   # the image this tag named before, if any
     size=$(image_bytes "$IMAGE")
     ;;

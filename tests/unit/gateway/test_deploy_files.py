@@ -191,3 +191,19 @@ def test_nginx_and_prometheus_reach_each_compose_replica_on_the_gateway_port() -
     assert {t for c in job["static_configs"] for t in c["targets"]} == replicas
     assert job["authorization"]["credentials_file"] == "/run/secrets/tierlane-metrics-key"
     assert "tierlane-metrics-key" in compose()["services"]["prometheus"]["secrets"]
+
+
+def test_the_wheel_carries_every_data_file_of_the_packages() -> None:
+    """The image installs the built wheel, not the checkout: a data file that pyproject's
+    package-data misses is absent there although an editable install finds it."""
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    section = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    globs = {pkg: patterns for pkg, patterns in yaml.safe_load(section.replace(" = ", ": ")).items()}
+    shipped = {p for pkg, patterns in globs.items() for pattern in patterns for p in (REPO / pkg).glob(pattern) if p.is_file()}
+    data = {
+        p
+        for pkg in ("gateway", "edge_engine", "policies", "telemetry")
+        for p in (REPO / pkg).rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc", ".md") and "__pycache__" not in p.parts
+    }
+    assert not sorted(str(p.relative_to(REPO)) for p in data - shipped)
