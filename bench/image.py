@@ -73,6 +73,11 @@ class Runner:
             self.entrypoint: list[str] = cfg.get("Entrypoint") or []
             self.user: str = cfg.get("User") or "root"
             self.ctr = sh([*BUILDAH, "from", "--pull=never", "--name", f"tierlane-image-test-{os.getpid()}", image]).strip()
+            # `buildah run` puts a volume of its own on each VOLUME of the image, over a -v bind of
+            # the same path; a container engine binds -v there. Dropping the declarations from this
+            # working container gives the binds.
+            for volume in cfg.get("Volumes") or {}:
+                sh([*BUILDAH, "config", "--volume", f"{volume}-", self.ctr])
 
     def exec(self, cmd: list[str], user: str | None = None) -> str:
         """A command inside the image (not the gateway)."""
@@ -105,7 +110,8 @@ class Runner:
         while time.monotonic() < deadline:
             for pid in descendants(proc.pid):
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if len(cmdline) > 2 and cmdline[1].endswith(b"/tierlane") and cmdline[2] == b"serve":
+                # python3 .../bin/tierlane serve, not buildah-chroot-exec .../bin/tierlane serve above it
+                if len(cmdline) > 2 and b"python" in Path(cmdline[0].decode()).name.encode() and cmdline[1].endswith(b"/tierlane") and cmdline[2] == b"serve":
                     return pid
             time.sleep(0.2)
         raise RuntimeError("the gateway process was not found under the buildah run process")
@@ -212,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {}
     procs: list[subprocess.Popen[bytes]] = []
     runner: Runner | None = None
+    pid: int | None = None
 
     def check(name: str, ok: bool, detail: Any = None) -> None:
         checks[name] = bool(ok)
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             reply = raw.parse()
             lane = raw.headers.get("x-tierlane-lane")
             text = reply.choices[0].message.content or ""
-            check(f"chat completion with a key, model {model}", bool(text.strip()) and lane == ("upstream" if model != "edge" else "edge"),
+            check(f"chat completion with a key, model {model}", bool(text.strip()) and (lane or "").split(":")[0].split(";")[0] == ("upstream" if model != "edge" else "edge"),
                   {"lane": lane, "text": text[:60], "tokens": reply.usage.total_tokens if reply.usage else None})
 
         def refused(key: str) -> tuple[bool, str]:
@@ -336,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         if gateway_log.is_file():
             print(gateway_log.read_text()[-4000:], file=sys.stderr)
     finally:
+        if pid is not None and Path(f"/proc/{pid}").exists():  # a gateway the SIGTERM did not end
+            os.kill(pid, signal.SIGKILL)
         for proc in reversed(procs):
             if proc.poll() is None:
                 proc.terminate()

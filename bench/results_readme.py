@@ -412,6 +412,24 @@ def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_image(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"`{data['image']}` built with {data['engine']} over `{data.get('base_image')}`: `make image` "
+        f"{_num(data.get('build_wall_s'))} s wall (Dockerfile build {_num(data.get('dockerfile_build_s'))} s).",
+        "",
+    ]
+    lines += _table(
+        ["figure", "value", "target", "met"],
+        [[name, v["value"], v["target"], v["met"]] for name, v in data["verdict"].items()],
+    )
+    lines += ["", f"Checks ({data['checks_passed']} passed):", ""]
+    lines += _table(["check", "passed"], [[name, ok] for name, ok in data["checks"].items()])
+    space = data.get("space_mb") or {}
+    if space:
+        lines += ["", "What takes the space (MB): " + ", ".join(f"{k} {_num(v)}" for k, v in space.items())]
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -437,6 +455,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_quality": render_cache_quality,
     "edge_quality": render_edge_quality,
     "edge_invalid_output": render_edge_invalid_output,
+    "image": render_image,
 }
 
 
