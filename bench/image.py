@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import openai  # the client an app uses; in the test extra
 
+    load_before = [round(x, 2) for x in os.getloadavg()]
     work = Path(tempfile.mkdtemp(prefix="tierlane-image-test-"))
     checks: dict[str, bool] = {}
     details: dict[str, Any] = {}
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "dockerfile_build_s": build.get("dockerfile_build_s"),
         **{k: v for k, v in figures.items() if k != "space_mb"},
         "space_mb": figures.get("space_mb"),
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "targets": TARGETS,
         "verdict": verdict,
         "checks": checks,
