@@ -31,6 +31,8 @@ DEBIAN_SECURITY=${DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
 WHEELS=deploy/wheels
 BUILDAH=(buildah --storage-driver vfs)
 START=$(date +%s.%N)
+WHEELHOUSE_S=null
+BASE_S=null
 
 log() { printf '[image %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -55,7 +57,8 @@ wheelhouse() {
   # async-timeout: redis needs it below Python 3.11.3 (Debian's bookworm has 3.11.2), which this
   # virtualenv's Python may be past.
   quiet_pip download -q -c "$WHEELS/constraints.txt" --find-links "$WHEELS" -d "$WHEELS" . "setuptools>=69" wheel "async-timeout>=4.0.3"
-  log "wheelhouse: $(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1), $(elapsed "$t0") s"
+  WHEELHOUSE_S=$(elapsed "$t0")
+  log "wheelhouse: $(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1), $WHEELHOUSE_S s"
 }
 
 engine() {
@@ -79,7 +82,7 @@ need_buildah() {
 
 debian_base() {
   if [ -z "${BASE_REBUILD:-}" ] && "${BUILDAH[@]}" inspect --type image "$DEBIAN_BASE" >/dev/null 2>&1; then
-    log "base image $DEBIAN_BASE: reusing (BASE_REBUILD=1 remakes it)"; return
+    log "base image $DEBIAN_BASE: reusing (BASE_REBUILD=1 remakes it)"; BASE_S=0; return
   fi
   local t0 ctr mnt; t0=$(date +%s.%N)
   ctr=$("${BUILDAH[@]}" from scratch)
@@ -99,7 +102,8 @@ debian_base() {
   "${BUILDAH[@]}" config --env LANG=C.UTF-8 --cmd python3 "$ctr"
   "${BUILDAH[@]}" umount "$ctr" >/dev/null
   "${BUILDAH[@]}" commit -q --rm "$ctr" "$DEBIAN_BASE" >/dev/null
-  log "base image $DEBIAN_BASE: $(elapsed "$t0") s"
+  BASE_S=$(elapsed "$t0")
+  log "base image $DEBIAN_BASE: $BASE_S s"
 }
 
 # Uncompressed size of the image: the sum of its layers (what `docker image inspect` calls Size).
@@ -139,6 +143,7 @@ esac
 total=$(elapsed "$START")
 cat > .tierlane/image-build.json <<EOF
 {"image": "$IMAGE", "engine": "$ENGINE", "base_image": "$base", "size_bytes": $size,
- "build_wall_s": $total, "dockerfile_build_s": $(elapsed "$t_build"), "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
+ "build_wall_s": $total, "wheelhouse_s": $WHEELHOUSE_S, "base_image_s": $BASE_S,
+ "dockerfile_build_s": $(elapsed "$t_build"), "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
 EOF
 log "built $IMAGE with $ENGINE over $base in $total s; image size $(python3 -c "import sys; print(round(int(sys.argv[1]) / 1e6), 'MB')" "$size" 2>/dev/null || echo "$size")"
