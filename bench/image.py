@@ -176,10 +176,11 @@ def space(runner: Runner) -> dict[str, float]:
     """MB of the base system and the largest packages of the image's virtualenv."""
     site = runner.exec(["sh", "-c", "ls -d /opt/tierlane/lib/python3*/site-packages"]).strip()
     # One du per tree: du counts a directory once, under the first argument that holds it.
-    out = runner.exec(["sh", "-c", f"du -sm /opt/tierlane /usr /var; du -sm {site}/*"], user="0")
+    out = runner.exec(["sh", "-c", f"du -sm /opt/tierlane /usr /var; du -sm /opt/tierlane/models {site}/*"], user="0")
     sizes = {path: float(mb) for mb, path in (line.split("\t", 1) for line in out.splitlines())}
     top = sorted(((p, mb) for p, mb in sizes.items() if p.startswith(site + "/") and not p.endswith(".dist-info")), key=lambda x: -x[1])
     result = {"/usr and /var (Debian, Python 3.11)": sizes.get("/usr", 0.0) + sizes.get("/var", 0.0), "/opt/tierlane (virtualenv, models)": sizes["/opt/tierlane"]}
+    result["/opt/tierlane/models (the embedder's ONNX export)"] = sizes.get("/opt/tierlane/models", 0.0)
     result.update({p.rsplit("/", 1)[1]: mb for p, mb in top[:8]})
     return result
 

@@ -415,7 +415,8 @@ def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
 def render_image(data: dict[str, Any]) -> list[str]:
     lines = [
         f"`{data['image']}` built with {data['engine']} over `{data.get('base_image')}`: `make image` "
-        f"{_num(data.get('build_wall_s'))} s wall (Dockerfile build {_num(data.get('dockerfile_build_s'))} s).",
+        f"{_num(data.get('build_wall_s'))} s wall (wheelhouse {_num(data.get('wheelhouse_s'))} s, base image "
+        f"{_num(data.get('base_image_s'))} s (0: reused), Dockerfile build {_num(data.get('dockerfile_build_s'))} s).",
         "",
     ]
     lines += _table(
