@@ -81,4 +81,4 @@ image-test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/image.py --image $(IMAGE)
 
 clean:
-	rm -rf $(VENV) .tierlane build *.egg-info
+	rm -rf $(VENV) .tierlane build *.egg-info deploy/wheels/*.whl deploy/wheels/constraints.txt
