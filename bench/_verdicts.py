@@ -332,6 +332,17 @@ def _front_doors(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _image(d: dict[str, Any]) -> list[Record]:
+    checks = d.get("checks") or {}
+    return [
+        target("image size MB", d.get("size_mb"), "<=", 1500, n=1, n_of="image built"),
+        target("start to /readyz s", d.get("startup_s"), "<=", 30, n=1, n_of="start"),
+        target("SIGTERM to exit s", d.get("stop_s"), "<=", 10, n=1, n_of="stop"),
+        target("checks failed", sum(1 for ok in checks.values() if not ok) if checks else None, "==", 0, n=len(checks),
+               n_of="checks"),
+    ]
+
+
 def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
     schemas, outage = d.get("schemas", {}), d.get("outage", {})
     cases = schemas.get("cases")
@@ -350,6 +361,7 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
+    "image": _image,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,

@@ -545,6 +545,21 @@ def render_hostile_inputs(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_image(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"`{data['image']}` built with {data['engine']} over `{data.get('base_image')}`: `make image` "
+        f"{_num(data.get('build_wall_s'))} s wall (wheelhouse {_num(data.get('wheelhouse_s'))} s, base image "
+        f"{_num(data.get('base_image_s'))} s (0: reused), Dockerfile build {_num(data.get('dockerfile_build_s'))} s).",
+        "",
+    ]
+    lines += [f"Checks ({data['checks_passed']} passed):", ""]
+    lines += _table(["check", "passed"], [[name, ok] for name, ok in data["checks"].items()])
+    space = data.get("space_mb") or {}
+    if space:
+        lines += ["", "What takes the space (MB): " + ", ".join(f"{k} {_num(v)}" for k, v in space.items())]
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -573,6 +588,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_quality": render_edge_quality,
     "edge_invalid_output": render_edge_invalid_output,
     "hostile_inputs": render_hostile_inputs,
+    "image": render_image,
 }
 
 
