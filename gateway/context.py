@@ -50,6 +50,7 @@ class RequestContext:
     lane: str = "upstream"  # cache | edge | upstream
     target_model: str | None = None  # the model the lane is asked for
     pool: str | None = None  # upstream pool name when lane == upstream
+    tier: str | None = None  # upstream tier ("cost" | "strong") the router picked, when the policy has tiers
     embedding: Any = None  # numpy vector of the last user turn, shared by cache and router
     route: RouteDecision | None = None
     requested_route: RouteRequest | None = None  # x-tierlane-route, validated once by the resolve stage
@@ -66,6 +67,7 @@ class RequestContext:
     edge_check: EdgeCheck | None = None  # the cascade's check of an edge answer (auto requests)
     edge_prior: float | None = None  # the calibration's prior that the edge answers this right
     fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
+    fallback_tier: str | None = None  # the upstream tier of `fallback`, when the policy has tiers
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.

@@ -273,6 +273,7 @@ class Telemetry:
                 a.SAVED_EDGE: bill.saved_edge,
                 a.SAVED_TRIM: bill.saved_trim,
                 a.USAGE_ESTIMATED: usage.estimated,
+                **({a.TIER: ctx.tier} if ctx.lane == "upstream" and ctx.tier is not None else {}),
                 **_edge_attributes(ctx.edge_check),
             },
         )
@@ -330,6 +331,7 @@ class Telemetry:
             escalation_reason=(check.reason or "unknown") if check is not None and escalated else None,
             cache_similarity=ctx.cache_similarity if ctx.cache_status == "hit" else None,
             trace_id=trace_id,
+            tier=ctx.tier if ctx.lane == "upstream" else None,
         )
 
     def _measurement(
@@ -362,6 +364,7 @@ class Telemetry:
             ttft_s=ttft,
             cost=bill.cost,
             saved=bill.saved_by_reason(),
+            tier=bounds.tier(ctx.tier) if ctx.lane == "upstream" else a.NO_TIER,
             **_edge_fields(ctx.edge_check),
         )
 

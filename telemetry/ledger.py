@@ -89,6 +89,7 @@ class LedgerRow:
     escalation_reason: str | None = None  # EdgeCheck.reason of an escalated request
     cache_similarity: float | None = None  # similarity of the cache entry that answered (hits)
     trace_id: str | None = None  # 32 hex digits of the request's trace, when it has one
+    tier: str | None = None  # upstream tier ("cost" | "strong") of an `auto` request, where the policy has tiers
 
     @property
     def day(self) -> str:
@@ -132,7 +133,8 @@ CREATE TABLE IF NOT EXISTS requests (
     edge_tokens INTEGER NOT NULL DEFAULT 0,
     escalation_reason TEXT,
     cache_similarity REAL,
-    trace_id TEXT
+    trace_id TEXT,
+    tier TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -149,6 +151,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "escalation_reason": "TEXT",
     "cache_similarity": "REAL",
     "trace_id": "TEXT",
+    "tier": "TEXT",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

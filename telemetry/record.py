@@ -55,6 +55,9 @@ class MeteredRequest(Protocol):
     def pool(self) -> str | None: ...
 
     @property
+    def tier(self) -> str | None: ...  # upstream tier ("cost" | "strong") when the policy has tiers
+
+    @property
     def route(self) -> RouteDecision | None: ...
 
     @property

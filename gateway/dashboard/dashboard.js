@@ -317,6 +317,9 @@
         fmtNum(s.mean_similarity, 3), { text: fmtPct(s.agreement), title: "share above " + s.agree_above }]))
       : el("p", { cls: "muted", text: "No shadow comparisons in this range (policy shadow.sample_rate)." }));
     if (q.routes.length) parts.push(table(["routing reason", "requests"], q.routes.map((r) => [{ cls: "t", text: r.reason }, fmtInt(r.count)])));
+    const tiers = q.tiers || [];
+    if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
+      { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
     $("quality").replaceChildren(...parts);
   }
   function renderEngine(s, scope) {
