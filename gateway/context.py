@@ -61,6 +61,8 @@ class RequestContext:
     usage: Usage | None = None
     first_token_at: float | None = None
     lane_seconds: float = 0.0  # time spent waiting on the lane (not gateway overhead)
+    edge_seconds: float = 0.0  # of lane_seconds: the edge's time on an answer the cascade escalated
+    strong_target: tuple[str | None, str | None] | None = None  # (pool, model) of the strong tier: a counterfactual
     attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes, nothing else
     response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
     model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends

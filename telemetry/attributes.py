@@ -36,6 +36,8 @@ SAVED = "tierlane.saved_usd"
 SAVED_CACHE = "tierlane.saved.cache_usd"
 SAVED_EDGE = "tierlane.saved.edge_usd"
 SAVED_TRIM = "tierlane.saved.trim_usd"
+SAVED_VS_STRONG = "tierlane.saved.vs_strong_usd"  # against everything on the strong tier
+SAVED_VS_NAMED = "tierlane.saved.vs_named_usd"  # against the model the client named
 USAGE_ESTIMATED = "tierlane.usage.estimated"
 # the confidence cascade's check of an edge answer (auto requests; pinned ones for cache admission)
 EDGE_CONFIDENCE = "tierlane.edge.confidence"

@@ -79,6 +79,8 @@ USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
     "saved_cache_usd": ("saved_cache",),
     "saved_edge_usd": ("saved_edge",),
     "saved_trim_usd": ("saved_trim",),
+    "saved_vs_strong_usd": ("saved_vs_strong",),
+    "saved_vs_named_usd": ("saved_vs_named",),
 }
 assert tuple(USAGE_FROM_ROLLUP) == tuple(MEASURES), "the dashboard must carry every /v1/usage measure"
 

@@ -79,6 +79,12 @@ class MeteredRequest(Protocol):
     def lane_seconds(self) -> float: ...
 
     @property
+    def edge_seconds(self) -> float: ...  # of lane_seconds: the edge's, on an escalated answer
+
+    @property
+    def strong_target(self) -> tuple[str | None, str | None] | None: ...  # (pool, model) of the strong tier
+
+    @property
     def attributes(self) -> dict[str, Any]: ...
 
     @property

@@ -183,6 +183,8 @@
       card("saved_cache_usd", "Saved by cache", h.saved_cache_usd, fmtUsd(h.saved_cache_usd)),
       card("saved_edge_usd", "Saved by edge", h.saved_edge_usd, fmtUsd(h.saved_edge_usd)),
       card("saved_trim_usd", "Saved by trim", h.saved_trim_usd, fmtUsd(h.saved_trim_usd), fmtInt(h.trimmed_tokens) + " tokens trimmed"),
+      card("saved_vs_strong_usd", "Saved vs all-strong", h.saved_vs_strong_usd, fmtUsd(h.saved_vs_strong_usd), "had every request gone to the strong tier"),
+      card("saved_vs_named_usd", "Saved vs named model", h.saved_vs_named_usd, fmtUsd(h.saved_vs_named_usd), "had every request gone to the model it named"),
       card("local_share", "Answered locally", h.local_share, fmtPct(h.local_share), "cache + edge"),
       card("cache_hit_rate", "Cache hit rate", h.cache_hit_rate, fmtPct(h.cache_hit_rate), fmtInt(h.cache_lookups) + " lookups"),
       card("error_rate", "Error rate", h.error_rate, fmtPct(h.error_rate)),

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # `router_strong` / `router_cost` (the lane reason stays on the span as tierlane.route.lane_reason).
 # Forced and capability reasons are kept: they say why the request could not stay local.
 TIER_REASONS = frozenset({"calibration_upstream", "router_strong", "router_weak_lane_forbidden",
-                          "policy_lane", "edge_unavailable"})
+                          "policy_lane", "edge_unavailable", "edge_history", "edge_net_saving"})
 
 
 class RouteStage:
@@ -138,7 +138,16 @@ class RouteStage:
             threshold = self.cascade.prior_threshold(ctx)
             ctx.attributes["tierlane.edge.prior"] = round(prior, 6)
             lane = "edge" if prior >= threshold else "upstream"
-            decision = RouteDecision(lane, score, f"calibration_{lane}", threshold)
+            reason = f"calibration_{lane}"
+            if lane == "edge":
+                # what the cascade's verdicts so far say: close neighbours escalated, or the edge's
+                # net saving is negative and the margin on the threshold holds this prior off
+                gate = self.cascade.learned_gate(ctx, embedding, prior, threshold)
+                if gate is not None:
+                    ctx.attributes["tierlane.edge.margin"] = round(gate.margin, 6)
+                    if not gate.try_edge:
+                        lane, reason = "upstream", gate.reason
+            decision = RouteDecision(lane, score, reason, threshold)
             self._apply(ctx, decision, rules.target_for(lane), rules)
             return None
         decision, target = RoutePolicy.decide_with(rules, score)
@@ -227,6 +236,9 @@ class RouteStage:
         ctx.route = decision
         ctx.lane = decision.lane
         ctx.tier = None
+        if rules.tiers is not None and ctx.auto:
+            # the counterfactual "everything on the strong tier" that savings are also counted against
+            ctx.strong_target = self._upstream_target(ctx, rules.tiers["strong"])
         if decision.lane == "edge":
             if (ctx.auto and decision.reason != "forced" and self.cascade is not None
                     and self.available("upstream") and rules.allows("upstream")):

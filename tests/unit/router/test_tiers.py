@@ -147,3 +147,27 @@ def test_tier_for_compares_with_the_threshold(shipped_router: Router) -> None:
     assert rules.tier_for(0.4).precision == "full" and rules.tier_for(0.0).precision == "int8-fp8"
     plain = RoutePolicy(Policy.load(), shipped_router).rules("t", "a")
     assert plain.tiers is None and plain.tier_for(1.0) is plain.upstream
+
+
+async def test_prompts_like_escalated_ones_skip_the_edge_and_go_to_the_routers_tier(
+        shipped_router: Router, calibration: EdgeCalibration) -> None:
+    from policies.domain import EdgeCheck
+
+    # step 0: the net-saving margin stays off, so only the neighbours' vote is at work
+    cascade = Cascade(Policy.load(extra={"cascade": {"prior": {"mode": "threshold", "value": 0.0},
+                                                     "learn": {"step": 0.0}}}), calibration)
+    routed = stage(shipped_router, edge=True, cascade=cascade, router=threshold(1.0))
+    for _ in range(3):
+        tried = ctx()
+        await routed.run(tried)
+        assert (tried.lane, tried.route.reason) == ("edge", "calibration_edge")
+        tried.edge_check = EdgeCheck(confidence=0.1, threshold=0.5, passed=False, escalated=True)
+        tried.lane = "upstream"  # as the runner leaves an escalated request
+        cascade.observe(tried, -0.001)
+    again = ctx()
+    await routed.run(again)
+    assert (again.lane, again.tier, again.route.reason) == ("upstream", "cost", "router_cost")
+    assert again.attributes["tierlane.route.lane_reason"] == "edge_history"
+    other = ctx(tenant="other")
+    await routed.run(other)
+    assert other.lane == "edge"  # learnt per tenant/app
