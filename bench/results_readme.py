@@ -520,6 +520,30 @@ def render_hostile_inputs(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_tiers(data: dict[str, Any]) -> list[str]:
+    """Upstream tiers through the gateway: the shipped target per source, then the cost-quality curve."""
+    pricing = list((data.get("setup") or {}).get("pricing") or {})
+    rows = []
+    for source in ("mmlu", "alpaca"):
+        d = data.get(source) or {}
+        at = d.get("at_shipped_target") or {}
+        costs = at.get("cost_vs_all_strong") or {}
+        rows.append([source, d.get("rows"), at.get("strong_share"), at.get("quality_vs_all_strong"),
+                     at.get("random_quality_vs_all_strong"),
+                     *(f"{_num(costs.get(m, {}).get('router'))} (random {_num(costs.get(m, {}).get('random'))})" for m in pricing)])
+    lines = [f"At the shipped target ({(data.get('setup') or {}).get('router_target')}); cost as a fraction of all-strong, "
+             "prices in the file's `setup.pricing`:", ""]
+    lines += _table(["source", "rows", "strong share", "quality vs all-strong", "random, same share", *pricing], rows)
+    for source in ("mmlu", "alpaca"):
+        curve = (data.get(source) or {}).get("curve") or []
+        lines += ["", f"Cost-quality curve, {source} (cost: per token, cost tier 1/10):", ""]
+        lines += _table(["target share", "strong share", "quality", "random quality", "cost", "random cost"],
+                        [[p["target_max_strong_share"], p["strong_share"], p["quality_vs_all_strong"],
+                          p["random_quality_vs_all_strong"], p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"],
+                          p["cost_vs_all_strong"]["per_token_cost_1_10"]["random"]] for p in curve])
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -547,6 +571,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_quality": render_edge_quality,
     "edge_invalid_output": render_edge_invalid_output,
     "hostile_inputs": render_hostile_inputs,
+    "tiers": render_tiers,
 }
 
 
