@@ -331,10 +331,12 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
 def _tiers(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     mmlu = d.get("mmlu", {})
-    fit = [p for p in mmlu.get("curve", []) if p["quality_vs_all_strong"] >= 0.95]
+    shipped = {**mmlu.get("at_shipped_target", {}), "target_max_strong_share": "shipped, through the gateway"}
+    points = [p for p in [*mmlu.get("curve", []), shipped] if "quality_vs_all_strong" in p]
+    fit = [p for p in points if p["quality_vs_all_strong"] >= 0.95]
     best = min(fit, key=lambda p: p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"]) if fit else None
-    note = (f"cheapest curve point with quality >= 0.95: target {best['target_max_strong_share']}, share "
-            f"{best['strong_share']}, quality {best['quality_vs_all_strong']}") if best else "no curve point reaches 0.95 quality"
+    note = (f"cheapest point with quality >= 0.95: target {best['target_max_strong_share']}, share "
+            f"{best['strong_share']}, quality {best['quality_vs_all_strong']}") if best else "no point reaches 0.95 quality"
     out.append(target("mmlu_cost_vs_all_strong_at_0.95_quality", best["cost_vs_all_strong"]["per_token_cost_1_10"]["router"] if best else None,
                       "<=", 0.50, n=mmlu.get("rows"), n_of="held-out rows", note=note))  # fmt: skip
     for source in ("mmlu", "alpaca"):

@@ -67,7 +67,7 @@ async def measure(url: str, texts: list[str]) -> dict[str, Any]:
             out["stream" if stream else "whole"] = {
                 "requests": len(rows), "ok": len(ok),
                 "escalated": sum("escalated" in r["header"] for r in ok),
-                "ttfb_ms": {"p50": round(pct(ttfb, 50), 1), "p90": round(pct(ttfb, 90), 1), "mean": round(sum(ttfb) / max(1, len(ttfb)), 1)},
+                "ttfb_ms": {"p50": round(pct(ttfb, 0.5), 1), "p90": round(pct(ttfb, 0.9), 1), "mean": round(sum(ttfb) / max(1, len(ttfb)), 1)},
             }
     return out
 

@@ -544,6 +544,16 @@ def render_tiers(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_edge_escalation_ttfb(data: dict[str, Any]) -> list[str]:
+    """Time to first byte with the edge never tried vs tried and always escalated."""
+    runs = data.get("runs") or {}
+    rows = [[name, kind, r.get("requests"), r.get("escalated"), (r.get("ttfb_ms") or {}).get("p50"), (r.get("ttfb_ms") or {}).get("p90")]
+            for name, run in runs.items() for kind, r in run.items()]  # fmt: skip
+    cost = data.get("escalation_ttfb_cost_ms") or {}
+    rows += [["cost of a failed attempt", kind, "", "", c.get("p50"), c.get("p90")] for kind, c in cost.items()]
+    return _table(["run", "answer", "requests", "escalated", "ttfb p50 ms", "ttfb p90 ms"], rows)
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -572,6 +582,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_invalid_output": render_edge_invalid_output,
     "hostile_inputs": render_hostile_inputs,
     "tiers": render_tiers,
+    "edge_escalation_ttfb": render_edge_escalation_ttfb,
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sqlite3
 import sys
 import tempfile
 import time
@@ -89,7 +90,8 @@ async def send_all(url: str, rows: list[tuple[str, str]], concurrency: int) -> l
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def one(i: int, kind: str, prompt: str) -> None:
             body = {"model": "auto", "messages": [{"role": "user", "content": prompt}], "max_tokens": 512}
-            async with gate, session.post(url + "/v1/chat/completions", json=body) as resp:
+            headers = {"x-request-id": f"tiers-{i}"}
+            async with gate, session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
                 header = resp.headers.get("x-tierlane-lane", "")
                 payload = await resp.json() if resp.status == 200 else {}
             m = LANE.search(header)
@@ -97,7 +99,15 @@ async def send_all(url: str, rows: list[tuple[str, str]], concurrency: int) -> l
             out[i] = {"status": resp.status, "tier": m.group(1) if m else None, "score": float(m.group(2)) if m else None,
                       "quality": grade(kind, prompt, text) if payload else None}
         await asyncio.gather(*(one(i, kind, p) for i, (kind, p) in enumerate(rows)))
+        async with session.get(url + "/v1/usage") as resp:  # flushes the ledger
+            assert resp.status == 200, await resp.text()
     return out
+
+
+def ledger_rows(state: Path) -> dict[str, tuple[float | None, str | None]]:
+    """request id -> (route score at full precision, tier) as the gateway's ledger recorded them."""
+    with sqlite3.connect(state / "ledger.sqlite3") as conn:
+        return {rid: (score, tier) for rid, score, tier in conn.execute("SELECT request_id, route_score, tier FROM requests")}
 
 
 def request_cost(spec: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> float:
@@ -182,15 +192,24 @@ async def run(limit: int | None, concurrency: int) -> dict[str, Any]:
                 results = await send_all(f"http://127.0.0.1:{port}", rows, concurrency)
             finally:
                 stop(proc)
+            ledger = ledger_rows(state)
     finally:
         for runner in runners:
             await runner.cleanup()
+    # the header rounds the score to 3 decimals; the curve uses the ledger's exact one
+    ledger_agrees = 0
+    for i, result in enumerate(results):
+        score, tier = ledger.get(f"tiers-{i}", (None, None))
+        ledger_agrees += tier is not None and tier == result["tier"]
+        if score is not None:
+            result["score"] = float(score)
     seconds = time.perf_counter() - began
     k = len(mmlu.prompts)
     return {
         "what": "upstream tiers through a running gateway (shipped router and policy, edge off) in front of two "
                 "replay upstreams answering as the recorded weak and strong models did, on the router's held-out "
                 "MMLU subjects and AlpacaEval sources",
+        "ledger_tier_matches_header": ledger_agrees,
         "setup": {"router_target": f"max_strong_share={SHIPPED_TARGET}", "mmlu_subjects": sorted(set(mmlu.subjects.tolist())),
                   "alpaca_sources": sorted(set(alpaca.subjects.tolist())), "concurrency": concurrency,
                   "completion_tokens": {"mmlu": MMLU_COMPLETION_TOKENS, "alpaca": ALPACA_COMPLETION_TOKENS},
