@@ -102,3 +102,33 @@ def test_the_router_picks_the_tier_and_the_bill_states_both_counterfactuals(gw, 
     # tenants not named in telemetry settings are bounded to "other"; tiers are their own labels
     assert 'tierlane_tier_requests_total{app="other",tenant="other",tier="cost"} 2.0' in metrics
     assert 'tierlane_tier_requests_total{app="other",tenant="other",tier="strong"} 1.0' in metrics
+
+
+def test_an_escalated_edge_answer_goes_to_the_routers_tier_and_its_cost_is_netted(bg, make_gateway, tmp_path: Path) -> None:
+    """The real edge engine drafts; a confidence threshold of 1 fails every check, so each answer escalates."""
+    cheap, strong = Recorder(), Recorder()
+    cost_up = RunningApp(bg, fault_app("ok", cheap, text="from cost"))
+    strong_up = RunningApp(bg, fault_app("ok", strong, text="from strong"))
+    policy = {**POLICY, "router": {"enabled": True, "target": {"mode": "threshold", "value": 0.0}},
+              "cascade": {"enabled": True, "prior": {"mode": "threshold", "value": 0.0},
+                          "target": {"mode": "threshold", "value": 1.0}, "learn": {"enabled": False}}}
+    gw = make_gateway(
+        base={**PASS_THROUGH, "embedder": {"enabled": True}, "policy": policy,
+              "edge": {"enabled": True, "n_ctx": 1024, "slots": 1, "n_threads": 1}},
+        upstreams=[upstream_cfg("cheap", cost_up.url + "/v1", models=["small-8b"], pool="standard"),
+                   upstream_cfg("strong", strong_up.url + "/v1", models=["big-70b"], pool="critical")],
+    )
+    body = {"model": "auto", "messages": [{"role": "user", "content": "What is the capital of Italy?"}], "max_tokens": 8}
+    r = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(r"upstream:critical; tier=strong; escalated; confidence=[0-9.]+; score=[0-9.]+; reason=calibration_edge",
+                        r.headers["x-tierlane-lane"])
+    assert r.json()["choices"][0]["message"]["content"] == "from strong" and cheap.hits == 0
+    usage = httpx.get(gw.url + "/v1/usage", timeout=30).json()["total"]  # flushes the ledger
+    with sqlite3.connect(tmp_path / "state" / "ledger.sqlite3") as conn:
+        tier, escalated, edge_tokens, saved_edge = conn.execute(
+            "SELECT tier, escalated, edge_tokens, saved_edge FROM requests").fetchone()
+    assert (tier, escalated) == ("strong", 1) and edge_tokens > 0 and saved_edge < 0
+    # the strong tier served it: against all-strong it saved nothing, and lost the edge's attempt
+    assert usage["saved_vs_strong_usd"] == pytest.approx(saved_edge, abs=1e-9)
+    assert usage["cost_usd"] == pytest.approx(cost("big-70b") - saved_edge, abs=1e-9)
