@@ -27,9 +27,9 @@ class CascadeTarget(StrictSection):
 
 
 class LearnSection(StrictSection):
-    """What the gate learns from the cascade's verdicts while running (policies/edge_feedback.py)."""
+    """What the gate learns from the cascade's verdicts while running (policies/edge_feedback.py); opt-in."""
 
-    enabled: bool = True
+    enabled: bool = False
     memory: int = Field(512, ge=1, le=65536)  # recent tried prompts remembered per tenant/app
     neighbours: int = Field(5, ge=0, le=64)  # nearest remembered prompts that vote (0: no vote)
     min_neighbours: int = Field(3, ge=1, le=64)  # close neighbours needed before the vote counts

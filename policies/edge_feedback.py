@@ -31,7 +31,7 @@ MAX_KEYS = 256  # tenant/apps remembered; the least recently used is forgotten f
 class FeedbackSettings:
     """The `cascade.learn` policy values."""
 
-    enabled: bool = True
+    enabled: bool = False
     memory: int = 512
     neighbours: int = 5
     min_neighbours: int = 3
@@ -64,7 +64,7 @@ class Gate:
     """The learnt part of one edge decision."""
 
     try_edge: bool
-    reason: str  # "" | "edge_history" (neighbours escalated) | "edge_net_saving" (the margin)
+    reason: str  # "" | "calibration_history" (neighbours escalated) | "calibration_net_saving" (the margin)
     margin: float
     neighbours: int
     escalated_share: float | None
@@ -94,12 +94,12 @@ class EdgeFeedback:
             mem = self._memory(key, vec.shape[0], settings)
             count, share = _vote(mem, vec, settings)
             if count >= settings.min_neighbours and share is not None and share >= settings.escalated_share:
-                return Gate(False, "edge_history", mem.margin, count, share)
+                return Gate(False, "calibration_history", mem.margin, count, share)
             if prior < min(1.0, threshold + mem.margin):
                 mem.held_off += 1
                 if settings.explore_every > 0 and mem.held_off % settings.explore_every == 0:
                     return Gate(True, "", mem.margin, count, share)
-                return Gate(False, "edge_net_saving", mem.margin, count, share)
+                return Gate(False, "calibration_net_saving", mem.margin, count, share)
             return Gate(True, "", mem.margin, count, share)
 
     def record(self, key: tuple[str, str], embedding: np.ndarray, escalated: bool, saving: float,

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # `router_strong` / `router_cost` (the lane reason stays on the span as tierlane.route.lane_reason).
 # Forced and capability reasons are kept: they say why the request could not stay local.
 TIER_REASONS = frozenset({"calibration_upstream", "router_strong", "router_weak_lane_forbidden",
-                          "policy_lane", "edge_unavailable", "edge_history", "edge_net_saving"})
+                          "policy_lane", "edge_unavailable", "calibration_history", "calibration_net_saving"})
 
 
 class RouteStage:

@@ -25,7 +25,7 @@ def test_prompts_like_ones_that_escalated_stop_trying_the_edge() -> None:
     for seed in range(3):
         fb.record(KEY, vec(0, 0.1, seed), escalated=True, saving=1.0, settings=SETTINGS)  # savings kept positive
     gate = fb.gate(KEY, vec(0, 0.1, 99), 0.9, 0.5, SETTINGS)
-    assert (gate.try_edge, gate.reason, gate.neighbours, gate.escalated_share) == (False, "edge_history", 3, 1.0)
+    assert (gate.try_edge, gate.reason, gate.neighbours, gate.escalated_share) == (False, "calibration_history", 3, 1.0)
     assert fb.gate(KEY, vec(7), 0.9, 0.5, SETTINGS).try_edge  # an unlike prompt still tries
     assert fb.gate(("other", "a"), vec(0), 0.9, 0.5, SETTINGS).try_edge  # per tenant/app
 
@@ -45,7 +45,7 @@ def test_a_negative_net_saving_tightens_the_gate_until_it_is_not() -> None:
     state = fb.state(KEY)
     assert state is not None and abs(state["margin"] - 0.2) < 1e-9
     held = fb.gate(KEY, vec(3), 0.65, 0.5, SETTINGS)  # 0.65 < 0.5 + 0.2
-    assert (held.try_edge, held.reason) == (False, "edge_net_saving")
+    assert (held.try_edge, held.reason) == (False, "calibration_net_saving")
     assert fb.gate(KEY, vec(3), 0.75, 0.5, SETTINGS).try_edge
     fb.record(KEY, vec(20), escalated=False, saving=0.1, settings=SETTINGS)  # one kept answer pays for them
     state = fb.state(KEY)

@@ -155,7 +155,7 @@ async def test_prompts_like_escalated_ones_skip_the_edge_and_go_to_the_routers_t
 
     # step 0: the net-saving margin stays off, so only the neighbours' vote is at work
     cascade = Cascade(Policy.load(extra={"cascade": {"prior": {"mode": "threshold", "value": 0.0},
-                                                     "learn": {"step": 0.0}}}), calibration)
+                                                     "learn": {"enabled": True, "step": 0.0}}}), calibration)
     routed = stage(shipped_router, edge=True, cascade=cascade, router=threshold(1.0))
     for _ in range(3):
         tried = ctx()
@@ -167,7 +167,7 @@ async def test_prompts_like_escalated_ones_skip_the_edge_and_go_to_the_routers_t
     again = ctx()
     await routed.run(again)
     assert (again.lane, again.tier, again.route.reason) == ("upstream", "cost", "router_cost")
-    assert again.attributes["tierlane.route.lane_reason"] == "edge_history"
+    assert again.attributes["tierlane.route.lane_reason"] == "calibration_history"
     other = ctx(tenant="other")
     await routed.run(other)
     assert other.lane == "edge"  # learnt per tenant/app
