@@ -358,6 +358,27 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
     ]
 
 
+def _tiers(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    mmlu = d.get("mmlu", {})
+    shipped = {**mmlu.get("at_shipped_target", {}), "target_max_strong_share": "shipped, through the gateway"}
+    points = [p for p in [*mmlu.get("curve", []), shipped] if "quality_vs_all_strong" in p]
+    fit = [p for p in points if p["quality_vs_all_strong"] >= 0.95]
+    best = min(fit, key=lambda p: p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"]) if fit else None
+    note = (f"cheapest point with quality >= 0.95: target {best['target_max_strong_share']}, share "
+            f"{best['strong_share']}, quality {best['quality_vs_all_strong']}") if best else "no point reaches 0.95 quality"
+    out.append(target("mmlu_cost_vs_all_strong_at_0.95_quality", best["cost_vs_all_strong"]["per_token_cost_1_10"]["router"] if best else None,
+                      "<=", 0.50, n=mmlu.get("rows"), n_of="held-out rows", note=note))  # fmt: skip
+    for source in ("mmlu", "alpaca"):
+        at = d.get(source, {}).get("at_shipped_target", {})
+        n = d.get(source, {}).get("rows")
+        out.append(target(f"{source}_quality_gain_over_random_at_shipped_target", at.get("quality_gain_over_random"), ">=", 0.03,
+                          n=n, n_of="held-out rows", note="quality as a fraction of all-strong, random at the same strong share"))
+        out.append(target(f"{source}_strong_share_error_at_shipped_target", at.get("strong_share_error"), "within +-", 0.05,
+                          n=n, n_of="held-out rows"))
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
@@ -375,6 +396,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "router": _router,
     "router_latency": _router_latency,
     "shared_state": _shared_state,
+    "tiers": _tiers,
 }
 
 

@@ -560,6 +560,40 @@ def render_image(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_tiers(data: dict[str, Any]) -> list[str]:
+    """Upstream tiers through the gateway: the shipped target per source, then the cost-quality curve."""
+    pricing = list((data.get("setup") or {}).get("pricing") or {})
+    rows = []
+    for source in ("mmlu", "alpaca"):
+        d = data.get(source) or {}
+        at = d.get("at_shipped_target") or {}
+        costs = at.get("cost_vs_all_strong") or {}
+        rows.append([source, d.get("rows"), at.get("strong_share"), at.get("quality_vs_all_strong"),
+                     at.get("random_quality_vs_all_strong"),
+                     *(f"{_num(costs.get(m, {}).get('router'))} (random {_num(costs.get(m, {}).get('random'))})" for m in pricing)])
+    lines = [f"At the shipped target ({(data.get('setup') or {}).get('router_target')}); cost as a fraction of all-strong, "
+             "prices in the file's `setup.pricing`:", ""]
+    lines += _table(["source", "rows", "strong share", "quality vs all-strong", "random, same share", *pricing], rows)
+    for source in ("mmlu", "alpaca"):
+        curve = (data.get(source) or {}).get("curve") or []
+        lines += ["", f"Cost-quality curve, {source} (cost: per token, cost tier 1/10):", ""]
+        lines += _table(["target share", "strong share", "quality", "random quality", "cost", "random cost"],
+                        [[p["target_max_strong_share"], p["strong_share"], p["quality_vs_all_strong"],
+                          p["random_quality_vs_all_strong"], p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"],
+                          p["cost_vs_all_strong"]["per_token_cost_1_10"]["random"]] for p in curve])
+    return lines
+
+
+def render_edge_escalation_ttfb(data: dict[str, Any]) -> list[str]:
+    """Time to first byte with the edge never tried vs tried and always escalated."""
+    runs = data.get("runs") or {}
+    rows = [[name, kind, r.get("requests"), r.get("escalated"), (r.get("ttfb_ms") or {}).get("p50"), (r.get("ttfb_ms") or {}).get("p90")]
+            for name, run in runs.items() for kind, r in run.items()]  # fmt: skip
+    cost = data.get("escalation_ttfb_cost_ms") or {}
+    rows += [["cost of a failed attempt", kind, "", "", c.get("p50"), c.get("p90")] for kind, c in cost.items()]
+    return _table(["run", "answer", "requests", "escalated", "ttfb p50 ms", "ttfb p90 ms"], rows)
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -589,6 +623,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_invalid_output": render_edge_invalid_output,
     "hostile_inputs": render_hostile_inputs,
     "image": render_image,
+    "tiers": render_tiers,
+    "edge_escalation_ttfb": render_edge_escalation_ttfb,
 }
 
 

@@ -57,6 +57,7 @@ class RequestContext:
     lane: str = "upstream"  # cache | edge | upstream
     target_model: str | None = None  # the model the lane is asked for
     pool: str | None = None  # upstream pool name when lane == upstream
+    tier: str | None = None  # upstream tier ("cost" | "strong") the router picked, when the policy has tiers
     embedding: Any = None  # numpy vector of the last user turn, shared by cache and router
     route: RouteDecision | None = None
     requested_route: RouteRequest | None = None  # x-tierlane-route, validated once by the resolve stage
@@ -67,12 +68,15 @@ class RequestContext:
     usage: Usage | None = None
     first_token_at: float | None = None
     lane_seconds: float = 0.0  # time spent waiting on the lane (not gateway overhead)
+    edge_seconds: float = 0.0  # of lane_seconds: the edge's time on an answer the cascade escalated
+    strong_target: tuple[str | None, str | None] | None = None  # (pool, model) of the strong tier: a counterfactual
     attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes, nothing else
     response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
     model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends
     edge_check: EdgeCheck | None = None  # the cascade's check of an edge answer (auto requests)
     edge_prior: float | None = None  # the calibration's prior that the edge answers this right
     fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
+    fallback_tier: str | None = None  # the upstream tier of `fallback`, when the policy has tiers
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,

@@ -110,6 +110,8 @@ async def serve(request: web.Request, ctx: RequestContext, wire: WireFormat = OP
 
 def lane_header(ctx: RequestContext) -> str:
     lane = ctx.lane if ctx.lane != "upstream" or not ctx.pool else f"upstream:{ctx.pool}"
+    if ctx.lane == "upstream" and ctx.tier is not None:
+        lane += f"; tier={ctx.tier}"  # e.g. `upstream:critical; tier=strong; score=0.612; reason=router_strong`
     route = ctx.route
     check = ctx.edge_check
     if check is not None and check.confidence is not None:
