@@ -164,7 +164,7 @@ def test_usage_reports_every_replica_local_one_and_falls_back_when_the_store_is_
 
 
 @pytest.mark.slow  # the embedder loads a real model on each replica
-def test_cache_purge_and_stats_act_on_the_shared_cache_of_every_replica(bg, make_gateway, tmp_path, valkey, capsys):
+def test_cache_purge_and_stats_act_on_the_shared_cache_of_every_replica(bg, valkey, make_gateway, tmp_path, capsys):
     rec = Recorder()
     upstream = RunningApp(bg, fault_app("ok", rec, text=ANSWER))
     a, b = _replicas(make_gateway, tmp_path, valkey, upstream, cache=True)

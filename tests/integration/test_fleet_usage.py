@@ -78,7 +78,7 @@ def _usage(gw: RunningApp, key: str, **params: str) -> httpx.Response:
     return httpx.get(gw.url + "/v1/usage", params=params, headers=_bearer(key), timeout=30)
 
 
-def test_usage_on_either_replica_reports_the_whole_fleet(bg, make_gateway, tmp_path, valkey):
+def test_usage_on_either_replica_reports_the_whole_fleet(bg, valkey, make_gateway, tmp_path):
     replicas = _replicas(bg, make_gateway, tmp_path, valkey)
     sent = {"acme": 0, "globex": 0}
     for i in range(10):

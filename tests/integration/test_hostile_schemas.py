@@ -28,7 +28,7 @@ from tests.support.faults import Recorder, fault_app
 pytestmark = pytest.mark.slow
 
 HOSTILE_KEY, PLAIN_KEY = "tl-hostile", "tl-plain"
-CASES = settings(max_examples=50, deadline=None, derandomize=True,
+CASES = settings(max_examples=30, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 
 SIZES = st.sampled_from([1, 50, 300, 1000, 1001, 1500, 10_000, 20_000, 30_000, 10**9])

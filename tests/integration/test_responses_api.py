@@ -160,7 +160,7 @@ def test_errors_are_openai_errors(recorded):
     assert dropped.output_text
 
 
-def test_stored_responses_are_shared_through_valkey(bg, make_gateway, valkey):
+def test_stored_responses_are_shared_through_valkey(bg, valkey, make_gateway):
     """With state.backend redis two replicas serve one conversation; tenants stay apart there too."""
     rec = Recorder()
     up = RunningApp(bg, fault_app("ok", rec, text="Blue is a colour"))

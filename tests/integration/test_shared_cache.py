@@ -90,7 +90,7 @@ def wait_for_hit(gw: Any, text: str, key: str = ACME, within: float = 10.0) -> f
     raise AssertionError(f"{text!r} never became a hit on {gw.url}")
 
 
-def test_entries_hits_purges_and_tenants_are_shared_by_replicas(bg, make_gateway, tmp_path, valkey):
+def test_entries_hits_purges_and_tenants_are_shared_by_replicas(bg, valkey, make_gateway, tmp_path):
     (a, b), rec = _replicas(bg, make_gateway, tmp_path, valkey)
     first = chat(a, QUESTION)
     assert first.status_code == 200 and first.headers["x-tierlane-cache"] == "miss"
@@ -145,7 +145,7 @@ async def _traffic_through_an_outage(urls: list[str], valkey: ValkeyServer) -> l
     return results
 
 
-def test_a_store_outage_mid_traffic_fails_no_request_and_hits_resume(bg, make_gateway, tmp_path, valkey):
+def test_a_store_outage_mid_traffic_fails_no_request_and_hits_resume(bg, valkey, make_gateway, tmp_path):
     (a, b), _ = _replicas(bg, make_gateway, tmp_path, valkey, op_timeout_ms=200)
     results = asyncio.run(_traffic_through_an_outage([a.url, b.url], valkey))
     statuses = [status for status, _ in results]
@@ -169,7 +169,7 @@ def test_a_store_outage_mid_traffic_fails_no_request_and_hits_resume(bg, make_ga
 OTHER_QUESTIONS = ["What is the capital city of Australia?", "How do I reverse a list in Python?"]
 
 
-def test_a_replica_started_after_the_stream_was_trimmed_still_knows_every_live_entry(bg, make_gateway, tmp_path, valkey):
+def test_a_replica_started_after_the_stream_was_trimmed_still_knows_every_live_entry(bg, valkey, make_gateway, tmp_path):
     """The stream keeps only the latest events: a replica that starts after older `add`s were
     trimmed away loads the vectors of the live entries from the store itself (the snapshot)."""
     rec = Recorder()
