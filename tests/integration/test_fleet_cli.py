@@ -211,3 +211,4 @@ def test_cache_purge_and_stats_act_on_the_shared_cache_of_every_replica(bg, valk
     rc, out, err = _cli(capsys, "cache", "stats", "--config", config)
     assert rc == 1 and out == "" and "unavailable" in err, err
     assert not shell.exists()
+    valkey.start()  # the replicas stop against a live store (a dead one makes each wait out its shutdown)

@@ -23,7 +23,7 @@ from tests.support.llama_server import UPSTREAM_MODEL
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = 120
+EXAMPLES = 100
 FAST = settings(
     max_examples=EXAMPLES,
     deadline=None,
