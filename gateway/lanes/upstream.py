@@ -120,15 +120,9 @@ async def _relay_native(ctx: RequestContext, reply: UpstreamReply) -> AsyncGener
                 ok = True
                 return
             waited = time.perf_counter()
-    except UpstreamError:
+    except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
         blame = True
-        raise
-    except TimeoutError:
-        blame = True
-        raise UpstreamTimeout("the upstream stopped sending mid-stream") from None
-    except (aiohttp.ClientError, OSError):
-        blame = True
-        raise UpstreamError("the upstream connection broke mid-stream", code="stream_cut") from None
+        raise _mid_stream(exc) from None
     finally:
         reply.release(ok=ok, blame=blame)
 
@@ -248,18 +242,21 @@ async def _relay(
                         texts.append(piece)
             yield event
             waited = time.perf_counter()
-    except UpstreamError:
+    except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
         blame = True
-        raise
-    except TimeoutError:
-        blame = True
-        raise UpstreamTimeout("the upstream stopped sending mid-stream") from None
-    except (aiohttp.ClientError, OSError):
-        blame = True
-        raise UpstreamError("the upstream connection broke mid-stream", code="stream_cut") from None
+        raise _mid_stream(exc) from None
     finally:
         # A consumer that stops early (client gone) closes the connection without blaming the upstream.
         reply.release(ok=ok, blame=blame)
+
+
+def _mid_stream(exc: BaseException) -> GatewayError:
+    """What a stream's failure after its first byte is to the client (the upstream is blamed for it)."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("the upstream stopped sending mid-stream")
+    return UpstreamError("the upstream connection broke mid-stream", code="stream_cut")
 
 
 def _estimated_usage_chunk(
