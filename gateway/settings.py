@@ -169,6 +169,10 @@ class TelemetrySettings(_Strict):
     metrics_auth: Literal["admin", "none"] = Field(
         "admin", description="GET /metrics: admin = needs a global admin key (open mode: anyone); none = public"
     )
+    loop_interval_ms: float = Field(
+        25.0, ge=0, description="period of the event-loop stall timer (metrics on); 0 = no stall metrics"
+    )
+    loop_stall_ms: float = Field(100.0, gt=0, description="a loop tick this late counts as a stall")
 
 
 class StateSettings(_Strict):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.ledger import DEFAULT_COMMIT_WINDOW_S
+from telemetry.loop_monitor import DEFAULT_INTERVAL_S, DEFAULT_STALL_S
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -24,6 +25,8 @@ class TelemetryConfig:
     record_content: bool = False  # prompt and answer text on spans: only when the operator opts in
     commit_window_s: float = DEFAULT_COMMIT_WINDOW_S
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream lane
+    loop_interval_s: float = DEFAULT_INTERVAL_S  # the event-loop stall timer's period; 0: no loop monitor
+    loop_stall_s: float = DEFAULT_STALL_S  # a tick this late counts as a stall
 
     @classmethod
     def from_settings(cls, settings: Any) -> TelemetryConfig:
@@ -41,4 +44,6 @@ class TelemetryConfig:
             metrics=t.metrics,
             metering=getattr(t, "metering", True),
             record_content=t.record_content,
+            loop_interval_s=getattr(t, "loop_interval_ms", DEFAULT_INTERVAL_S * 1000.0) / 1000.0,
+            loop_stall_s=getattr(t, "loop_stall_ms", DEFAULT_STALL_S * 1000.0) / 1000.0,
         )

@@ -25,6 +25,7 @@ from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
 from telemetry.config import TelemetryConfig
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
+from telemetry.loop_monitor import LoopMonitor
 from telemetry.metrics import Measurement, OtelMetrics
 from telemetry.prometheus import PromMetrics
 from telemetry.record import MeteredRequest
@@ -94,6 +95,14 @@ class Telemetry:
             upstream_provider=config.upstream_provider,
         )
         self.otel = OtelMetrics(mp.get_meter("tierlane")) if mp is not None else None
+        # The event loop's stalls, wherever metrics go (/metrics or OTLP); started by `start()`.
+        self.loop: LoopMonitor | None = (
+            LoopMonitor(config.loop_interval_s, config.loop_stall_s)
+            if config.metrics and config.loop_interval_s > 0
+            else None
+        )
+        if self.otel is not None and self.loop is not None:
+            self.otel.watch_loop(self.loop)
         shared_state, fleet_usage = self.shared, self.fleet
         self.prometheus = (
             PromMetrics(
@@ -104,6 +113,7 @@ class Telemetry:
                 store_resets=None if shared_state is None else lambda: shared_state.store_resets,
                 usage_store_errors=None if fleet_usage is None else lambda: fleet_usage.errors,
                 usage_rows_dropped=None if fleet_usage is None else lambda: fleet_usage.dropped,
+                loop=self.loop,
             )
             if config.metrics
             else None
@@ -116,7 +126,9 @@ class Telemetry:
         self._started = False
 
     async def start(self) -> None:
-        """Open the ledger, load the local tokenizer and restore this month's spend into the budgets."""
+        """Start the loop monitor; open the ledger, load the local tokenizer and restore this month's spend."""
+        if self.loop is not None:
+            self.loop.start()
         if self._started or not self.config.metering:
             return
         # NOTE: with a shared store the spend of every replica is in the store already; restoring
@@ -129,6 +141,8 @@ class Telemetry:
 
     async def close(self) -> None:
         """Commit every ledger row and export every pending span; safe to call twice."""
+        if self.loop is not None:
+            self.loop.stop()
         if self.shared is not None:
             shared, self.shared = self.shared, None
             await shared.close()

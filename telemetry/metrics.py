@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from telemetry import attributes as a
+from telemetry.loop_monitor import LAG_BUCKETS, LoopMonitor
 
 # Bucket boundaries recommended by the GenAI semantic conventions.
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
@@ -50,6 +52,7 @@ class OtelMetrics:
     """The OTel instruments; `record` is called once per request by the meter hook."""
 
     def __init__(self, meter: Meter) -> None:
+        self._meter = meter
         self._tokens = meter.create_histogram(
             "gen_ai.client.token.usage",
             unit="{token}",
@@ -122,3 +125,33 @@ class OtelMetrics:
 
     def rejected(self, tenant: str, app: str, code: str) -> None:
         self._rejections.add(1, {a.TENANT: tenant, a.APP: app, "error.type": code})
+
+    def watch_loop(self, loop: LoopMonitor) -> None:
+        """The event loop's stalls: every tick's lateness, the largest per export, the count of stalls."""
+        lag = self._meter.create_histogram(
+            "tierlane.event_loop.lag",
+            unit="s",
+            description=f"How late a timer due every {loop.interval_s * 1000:g} ms fired on the event loop",
+            explicit_bucket_boundaries_advisory=LAG_BUCKETS,
+        )
+        loop.on_lag(lag.record)
+        read_max = loop.window()
+
+        def largest(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(read_max())]
+
+        def stalls(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(loop.stalls)]
+
+        self._meter.create_observable_gauge(
+            "tierlane.event_loop.lag.max",
+            callbacks=[largest],
+            unit="s",
+            description="The largest event-loop lateness since the previous export",
+        )
+        self._meter.create_observable_counter(
+            "tierlane.event_loop.stalls",
+            callbacks=[stalls],
+            unit="{stall}",
+            description=f"Event-loop ticks late by {loop.stall_s * 1000:g} ms or more",
+        )

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from telemetry.attributes import SAVING_REASONS
+from telemetry.loop_monitor import LAG_BUCKETS, LoopMonitor
 from telemetry.metrics import CONFIDENCE_BUCKETS, DURATION_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS, Measurement
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -53,6 +54,7 @@ class PromMetrics:
         store_resets: Callable[[], float] | None = None,
         usage_store_errors: Callable[[], float] | None = None,
         usage_rows_dropped: Callable[[], float] | None = None,
+        loop: LoopMonitor | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Label values are bounded (LabelBounds), so this cache of labelled series is bounded too.
@@ -193,6 +195,33 @@ class PromMetrics:
                     usage_rows_dropped,
                 )
             )
+
+        if loop is not None:
+            self._watch_loop(loop)
+
+    def _watch_loop(self, loop: LoopMonitor) -> None:
+        """The event loop's stalls: every tick's lateness, the largest since the last scrape, the count."""
+        lag = Histogram(
+            "tierlane_event_loop_lag_seconds",
+            f"How late a timer due every {loop.interval_s * 1000:g} ms fired on the event loop (blocked loop time)",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        loop.on_lag(lag.observe)
+        largest = Gauge(
+            "tierlane_event_loop_lag_max_seconds",
+            "The largest event-loop lateness since the previous scrape",
+            registry=self.registry,
+        )
+        largest.set_function(loop.window())
+        # Exposed as tierlane_event_loop_stalls_total.
+        self.registry.register(
+            _ReadCounter(
+                "tierlane_event_loop_stalls",
+                f"Event-loop ticks late by {loop.stall_s * 1000:g} ms or more (the loop was blocked that long)",
+                lambda: loop.stalls,
+            )
+        )
 
     def record(self, m: Measurement) -> None:
         key = (m.operation, m.provider, m.request_model, m.response_model, m.lane, m.tenant, m.app,
