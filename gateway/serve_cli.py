@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from typing import TYPE_CHECKING
@@ -36,6 +37,9 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.server.uvloop:
         _use_uvloop()
     app = create_app(settings)
+    if settings.server.gc_freeze:
+        # After the components' start-up (the cleanup context runs first among the start-up signals).
+        app.on_startup.append(freeze_heap)
     log_exposure(settings)
     print(f"tierlane listening on http://{settings.server.host}:{settings.server.port}/v1", flush=True)
     web.run_app(
@@ -48,6 +52,21 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+async def freeze_heap(app: web.Application) -> None:
+    """Collect once, then freeze what is alive: modules, settings, models, indexes, pools.
+
+    NOTE: a full (generation 2) collection walks every tracked object; with the libraries the
+    gateway imports that is over 100,000 of them and a pause of 50-100 ms on a busy core, which
+    every request in flight waits out. Frozen objects are never walked again (nor collected:
+    what start-up built lives as long as the process), so a full collection costs what the
+    requests of the moment allocated. One process per gateway, so it runs here and not in
+    `create_app`, which tests call many times in one process.
+    """
+    gc.collect()
+    gc.freeze()
+    log.debug("froze %d objects out of the cyclic GC after start-up", gc.get_freeze_count())
 
 
 def log_exposure(settings: Settings) -> None:

@@ -48,6 +48,11 @@ class ServerSettings(_Strict):
     max_n: int = Field(8, ge=1, description="largest `n` a request may ask for")
     shutdown_timeout_s: float = Field(10.0, gt=0)
     uvloop: bool = Field(True, description="run on uvloop where it is installed (faster I/O)")
+    gc_freeze: bool = Field(
+        True,
+        description="after start-up, move every live object out of the cyclic GC's reach (gc.freeze): its full "
+        "collections then walk what requests allocate, not the libraries and models loaded at start",
+    )
 
 
 class ApiKey(_Strict):
