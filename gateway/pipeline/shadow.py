@@ -200,18 +200,25 @@ class ShadowHook:
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Per (tenant, app, model), resolved once: the policy does not change while it is in use.
+        self._overrides = bool(services.policy.section("shadow").get("overrides"))
+        self._configs: dict[tuple[str, str, str], ShadowConfig] = {}
         self.sampled = 0
         self.dropped = 0
         self.failed = 0
         self.recorded = 0
 
     def _config_for(self, ctx: RequestContext) -> ShadowConfig:
-        if not self.services.policy.section("shadow").get("overrides"):
+        if not self._overrides:
             return self.config
-        section = self.services.policy.resolve(
-            "shadow", tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model
-        )
-        return ShadowConfig.from_section(section)
+        key = (ctx.principal.tenant, ctx.principal.app, ctx.model)
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) >= 4096:  # bounded: model names come from clients
+                self._configs.clear()
+            section = self.services.policy.resolve("shadow", tenant=key[0], app=key[1], model=key[2])
+            config = self._configs[key] = ShadowConfig.from_section(section)
+        return config
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:

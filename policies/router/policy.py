@@ -95,6 +95,10 @@ def _tiers(upstream: dict[str, Any]) -> dict[str, LaneTarget] | None:
     return out
 
 
+# Resolved rules kept per (tenant, app); past this many, further pairs are resolved per request.
+MAX_KEPT_RULES = 10_000
+
+
 class RoutePolicy:
     """Per-tenant/app thresholds, lane permissions and lane targets; `decide` applies them to a score."""
 
@@ -103,6 +107,8 @@ class RoutePolicy:
         self.router = router
         # NOTE: keyed by (mode, value) from the policy file, so it stays as small as the policy.
         self._thresholds: dict[tuple[str, float], float] = {}
+        # Rules per (tenant, app), resolved once: the policy does not change while it is in use.
+        self._rules: dict[tuple[str | None, str | None], RouteRules] = {}
         self.validate()
 
     def validate(self) -> None:
@@ -119,11 +125,17 @@ class RoutePolicy:
             self._build(router_sec, merged)
 
     def rules(self, tenant: str | None, app: str | None) -> RouteRules:
-        """The rules that apply to this tenant and app."""
-        return self._build(
-            self.policy.resolve("router", tenant=tenant, app=app),
-            self.policy.resolve("lanes", tenant=tenant, app=app),
-        )
+        """The rules that apply to this tenant and app (resolved on first use, then kept)."""
+        key = (tenant, app)
+        found = self._rules.get(key)
+        if found is None:
+            found = self._build(
+                self.policy.resolve("router", tenant=tenant, app=app),
+                self.policy.resolve("lanes", tenant=tenant, app=app),
+            )
+            if len(self._rules) < MAX_KEPT_RULES:  # bounded: tenant and app names come from the keys
+                self._rules[key] = found
+        return found
 
     def _threshold(self, mode: str, value: float) -> float:
         key = (mode, value)

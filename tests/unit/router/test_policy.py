@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from policies.policy import Policy
@@ -66,3 +68,22 @@ def test_lane_override_picks_precision_tier(shipped_router: Router) -> None:
 def test_bad_policy_fails_at_start(shipped_router: Router, extra: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RoutePolicy(Policy.load(extra=extra), shipped_router)
+
+
+def test_rules_are_resolved_once_per_tenant_and_app(shipped_router: Router) -> None:
+    resolved: list[str] = []
+
+    class Counting(Policy):
+        def resolve(self, name: str, **attrs: str | None) -> dict[str, Any]:
+            resolved.append(name)
+            return Policy.resolve(self, name, **attrs)
+
+    loaded = Policy.load(extra={"router": {"overrides": [
+        {"match": {"tenant": "fixed"}, "set": {"target": {"mode": "threshold", "value": 0.33}}},
+    ]}})
+    policy = RoutePolicy(Counting(sections=loaded.sections), shipped_router)
+    first = [policy.rules("fixed", "x"), policy.rules("other", "x")]
+    again = [policy.rules("fixed", "x"), policy.rules("other", "x")]
+    assert first[0].threshold == 0.33 and first[1].threshold != 0.33
+    assert all(a is b for a, b in zip(first, again))  # the same rules object, not a second resolution
+    assert sorted(resolved) == ["lanes", "lanes", "router", "router"]  # once for each pair

@@ -143,3 +143,9 @@ async def test_tenant_override_turns_sampling_on_for_one_tenant(make_services: M
     await hook.on_complete(ctx_for("edge"), done("hello"))
     await hook.drain()
     assert rec.hits == 1
+    # resolved once per tenant/app/model, then kept: the next request of each gets the same config
+    assert hook._config_for(ctx_for("edge")) is hook._config_for(ctx_for("edge"))
+    assert hook._config_for(ctx_for("edge", tenant="other")).sample_rate == 0.0
+    await hook.on_complete(ctx_for("edge"), done("hello again"))
+    await hook.drain()
+    assert rec.hits == 2
