@@ -131,15 +131,22 @@ def _proxy_overhead(d: dict[str, Any]) -> list[Record]:
 
 
 def _peers(d: dict[str, Any]) -> list[Record]:
+    """Each ratio's median over the rounds; where the file has rounds, their spread and count too."""
     out = []
     n = d.get("requests_per_target")
     for level, v in d.get("verdict", {}).items():
         c = level.removeprefix("concurrency_")
-        out += [
-            target(f"passthrough_added_p99_vs_litellm_at_{c}", v["passthrough_added_p99_vs_litellm"], "<=", 0.1, n=n, n_of="requests"),
-            target(f"passthrough_rps_vs_litellm_at_{c}", v["passthrough_rps_vs_litellm"], ">=", 10, n=n, n_of="requests"),
-            target(f"full_pipeline_rps_vs_litellm_at_{c}", v["full_pipeline_rps_vs_litellm"], ">=", 3, n=n, n_of="requests"),
-        ]
+        measured = d.get("results", {}).get(level, {})
+        ratios, rounds = measured.get("ratios") or {}, measured.get("rounds")
+        for name, op, threshold in (("passthrough_added_p99_vs_litellm", "<=", 0.1), ("passthrough_rps_vs_litellm", ">=", 10),
+                                    ("full_pipeline_rps_vs_litellm", ">=", 3)):  # fmt: skip
+            spread = (ratios.get(name) or {}).get("spread")
+            note = f"median of {rounds} rounds; rounds ranged {spread[0]:g} to {spread[1]:g}" if spread else None
+            record = target(f"{name}_at_{c}", v[name], op, threshold, n=n, n_of="requests", note=note)
+            if spread:
+                record["spread"] = spread
+                record["rounds"] = rounds
+            out.append(record)
     return out
 
 

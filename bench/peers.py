@@ -2,9 +2,12 @@
 
 Writes bench/results/peers.json. All four sit in front of the same fixed-answer upstream
 (bench/fast_upstream.py) on loopback and get the same load, target after target in
-alternating rounds, at each concurrency. Every request carries a unique prompt, so the full
-pipeline never answers from its cache. Measured: added latency (p50/p99 over direct),
-requests per second, and the peak RSS (VmHWM) of each proxy's processes.
+alternating rounds (at least three; the order turns each round), at each concurrency. Every
+request carries a unique prompt, so the full pipeline never answers from its cache.
+Measured per round: added latency (p50/p99 over direct in the same round), requests per
+second, and the ratios to LiteLLM; reported as the median over the rounds with the spread
+(min, max). Also: the peak RSS (VmHWM) of each proxy's processes, the load average, and the
+full pipeline's event-loop stalls (its /metrics) at each concurrency.
 
 LiteLLM is installed by this script into its own virtualenv under bench/.peers/litellm
 (reused when the pinned version is already there).
@@ -14,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from bench._verdicts import verdicts
 from bench.proxy_overhead import pass_through_config
 
 LITELLM_VERSION = "1.100.0"
+MIN_ROUNDS = 3  # rounds run even past the time budget
 PEERS = REPO / "bench" / ".peers"
 LITELLM_VENV = PEERS / "litellm"
 # Calibration from the issue: LiteLLM 1.100.0, one worker, a 2-core machine.
@@ -153,33 +160,89 @@ async def load(url: str, model: str, *, concurrency: int, requests: int, bar: An
         return latencies, time.perf_counter() - started, errors
 
 
+FIGURES = ("p50_ms", "p99_ms", "rps", "added_p50_ms", "added_p99_ms")
+
+
+def round_figures(latencies: list[float], wall: float, errors: int) -> dict[str, Any]:
+    return {**summary_ms(latencies), "rps": round(len(latencies) / wall, 1), "errors": errors}
+
+
+def median_and_spread(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One target's figures over the rounds: the median of each, its spread [min, max], errors summed."""
+    out: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
+    for name in FIGURES:
+        values = [r[name] for r in rounds if r.get(name) is not None]
+        if values:
+            out[name] = round(statistics.median(values), 3)
+            spread[name] = [min(values), max(values)]
+    out["n"] = sum(r["n"] for r in rounds)
+    out["errors"] = sum(r["errors"] for r in rounds)
+    out["spread"] = spread
+    return out
+
+
 async def measure(targets: dict[str, tuple[str, str]], concurrency: int, requests: int, rounds: int,
                   deadline: float) -> dict[str, Any]:
-    lat: dict[str, list[float]] = {k: [] for k in targets}
-    walls = dict.fromkeys(targets, 0.0)
-    errors = dict.fromkeys(targets, 0)
+    """`rounds` rounds, each sending every target `requests // rounds` requests in turn.
+
+    The order of the targets turns by one each round, so no target always follows the same
+    one. Each figure is computed per round (added latency against `direct` of the same round),
+    then reported as the median over the rounds with its spread (min, max).
+    """
     per_round = max(1, requests // rounds)
-    done_rounds = 0
+    names = list(targets)
+    done: list[dict[str, dict[str, Any]]] = []
     with tqdm(total=per_round * rounds * len(targets), desc=f"concurrency {concurrency}", unit="req") as bar:
         for url, model in targets.values():  # warm-up: connections, lazy imports, JIT-ish caches
             await load(url, model, concurrency=concurrency, requests=min(100, per_round))
-        for _ in range(rounds):
-            if time.monotonic() > deadline and done_rounds:
+        # NOTE: the load generator's own heap out of its full collections, so that none of its GC
+        # pauses lands inside one target's measurement more than another's.
+        gc.collect()
+        gc.freeze()
+        for i in range(rounds):
+            if time.monotonic() > deadline and len(done) >= MIN_ROUNDS:
                 break
-            for name, (url, model) in targets.items():
+            this: dict[str, dict[str, Any]] = {}
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                url, model = targets[name]
                 got, wall, err = await load(url, model, concurrency=concurrency, requests=per_round, bar=bar)
-                lat[name] += got
-                walls[name] += wall
-                errors[name] += err
-            done_rounds += 1
-    out: dict[str, Any] = {"rounds": done_rounds}
-    for name in targets:
-        out[name] = {**summary_ms(lat[name]), "rps": round(len(lat[name]) / walls[name], 1), "errors": errors[name]}
-    for name in targets:
-        if name != "direct":
-            out[name]["added_p50_ms"] = round(out[name]["p50_ms"] - out["direct"]["p50_ms"], 3)
-            out[name]["added_p99_ms"] = round(out[name]["p99_ms"] - out["direct"]["p99_ms"], 3)
+                this[name] = round_figures(got, wall, err)
+            for name, r in this.items():
+                if name != "direct":
+                    r["added_p50_ms"] = round(r["p50_ms"] - this["direct"]["p50_ms"], 3)
+                    r["added_p99_ms"] = round(r["p99_ms"] - this["direct"]["p99_ms"], 3)
+            done.append(this)
+        gc.unfreeze()
+    out: dict[str, Any] = {"rounds": len(done), "requests_per_round": per_round}
+    for name in names:
+        out[name] = median_and_spread([r[name] for r in done])
+    out["per_round"] = [{name: {k: r[name][k] for k in (*FIGURES, "errors") if k in r[name]} for name in names}
+                        for r in done]
+    out["ratios"] = round_ratios(done)
     return out
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return round(num / den, 3) if den > 0 else None
+
+
+def round_ratios(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Each round's tierlane-to-LiteLLM ratios (the same round: the same load on the machine), as median and spread."""
+    per: dict[str, list[float]] = {"passthrough_added_p99_vs_litellm": [], "passthrough_rps_vs_litellm": [],
+                                   "full_pipeline_rps_vs_litellm": [], "full_pipeline_added_p50_vs_litellm": []}
+    for r in rounds:
+        ll, pt, full = r["litellm"], r["tierlane_passthrough"], r["tierlane_full"]
+        for name, value in (
+            ("passthrough_added_p99_vs_litellm", _ratio(pt["added_p99_ms"], ll["added_p99_ms"])),
+            ("passthrough_rps_vs_litellm", _ratio(pt["rps"], ll["rps"])),
+            ("full_pipeline_rps_vs_litellm", _ratio(full["rps"], ll["rps"])),
+            ("full_pipeline_added_p50_vs_litellm", _ratio(full["added_p50_ms"], ll["added_p50_ms"])),
+        ):
+            if value is not None:
+                per[name].append(value)
+    return {name: {"median": round(statistics.median(v), 3), "spread": [min(v), max(v)]} if v else None
+            for name, v in per.items()}
 
 
 def full_pipeline_config(upstream_url: str, state_dir: str) -> dict[str, Any]:
@@ -218,32 +281,60 @@ def start_litellm(exe: Path, upstream_url: str, port: int, tmp: Path) -> subproc
     return proc
 
 
+def loop_stats(metrics_url: str, since: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The gateway's event-loop stall figures from its /metrics (the largest lag since the previous read).
+
+    With `since`, the stall count is the number added since that read.
+    """
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("tierlane_event_loop_stalls_total", "tierlane_event_loop_lag_max_seconds"):
+            values[name] = float(value)
+    stalls = values.get("tierlane_event_loop_stalls_total", 0.0)
+    out = {"stalls_total": stalls, "max_lag_ms": round(values.get("tierlane_event_loop_lag_max_seconds", 0.0) * 1000, 1)}
+    if since is not None:
+        out["stalls"] = stalls - since["stalls_total"]
+    return out
+
+
+def _median(ratios: dict[str, Any], name: str) -> float | None:
+    found = ratios.get(name)
+    return None if found is None else float(found["median"])
+
+
 def verdict(results: dict[str, Any]) -> dict[str, Any]:
+    """Per concurrency: the median over the rounds of each round's ratio, and whether it meets its target."""
     out: dict[str, Any] = {}
     for level, r in results.items():
-        ll, pt, full = r["litellm"], r["tierlane_passthrough"], r["tierlane_full"]
-        p99_ratio = pt["added_p99_ms"] / ll["added_p99_ms"] if ll["added_p99_ms"] > 0 else None
+        p99, pt_rps, full_rps = (_median(r["ratios"], name) for name in (
+            "passthrough_added_p99_vs_litellm", "passthrough_rps_vs_litellm", "full_pipeline_rps_vs_litellm"))
         out[level] = {
-            "passthrough_added_p99_vs_litellm": None if p99_ratio is None else round(p99_ratio, 3),
-            "passthrough_rps_vs_litellm": round(pt["rps"] / ll["rps"], 2),
-            "full_pipeline_rps_vs_litellm": round(full["rps"] / ll["rps"], 2),
-        }
-        out[level]["met"] = {
-            "passthrough_added_p99": p99_ratio is not None and p99_ratio <= 0.1,
-            "passthrough_rps": pt["rps"] >= 10 * ll["rps"],
-            "full_pipeline_rps": full["rps"] >= 3 * ll["rps"],
+            "passthrough_added_p99_vs_litellm": p99,
+            "passthrough_rps_vs_litellm": pt_rps,
+            "full_pipeline_rps_vs_litellm": full_rps,
+            "met": {
+                "passthrough_added_p99": p99 is not None and p99 <= 0.1,
+                "passthrough_rps": pt_rps is not None and pt_rps >= 10,
+                "full_pipeline_rps": full_rps is not None and full_rps >= 3,
+            },
         }
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=600, help="requests per target and concurrency")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per target and concurrency, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5, help=f"alternating rounds per concurrency (at least {MIN_ROUNDS})")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--budget-s", type=float, default=420, help="stop starting new rounds after this long")
+    parser.add_argument("--budget-s", type=float, default=900,
+                        help=f"stop starting new rounds after this long (each concurrency still gets {MIN_ROUNDS})")
     parser.add_argument("--litellm-version", default=LITELLM_VERSION)
     args = parser.parse_args()
+    if args.rounds < MIN_ROUNDS:
+        parser.error(f"--rounds must be at least {MIN_ROUNDS}")
     began = time.monotonic()
     exe = ensure_litellm(args.litellm_version)
     deadline = time.monotonic() + args.budget_s
@@ -269,16 +360,20 @@ def main() -> None:
             "tierlane_full": (f"http://127.0.0.1:{full_port}/v1/chat/completions", "auto"),
             "litellm": (f"http://127.0.0.1:{ll_port}/v1/chat/completions", "fast-model"),
         }
+        full_metrics = f"http://127.0.0.1:{full_port}/metrics"
+        loop_before = loop_stats(full_metrics)
         results: dict[str, Any] = {}
         for c in args.concurrency:
-            if time.monotonic() > deadline:
-                print(f"time budget spent: concurrency {c} not measured")
-                continue
+            load_at_start = os.getloadavg()[0]
+            loop_stats(full_metrics)  # empties the gauge of the largest lag: what follows is this level's
             r = asyncio.run(measure(targets, c, args.requests, args.rounds, deadline))
+            r["load_average_1m_at_start"] = round(load_at_start, 2)
+            r["tierlane_full_loop"] = loop_stats(full_metrics, since=loop_before)
+            loop_before = loop_stats(full_metrics)
             results[f"concurrency_{c}"] = r
-            print(f"concurrency {c}: " + "; ".join(
+            print(f"concurrency {c} ({r['rounds']} rounds, medians): " + "; ".join(
                 f"{n} +{r[n]['added_p50_ms']}/+{r[n]['added_p99_ms']} ms p50/p99, {r[n]['rps']} rps"
-                for n in targets if n != "direct") + f"; direct {r['direct']['rps']} rps")
+                for n in targets if n != "direct") + f"; direct {r['direct']['rps']} rps; ratios {r['ratios']}")
         rss = {name: peak_rss_mb(p.pid) for name, p in procs.items() if name != "upstream"}
     finally:
         for p in procs.values():
@@ -304,6 +399,10 @@ def main() -> None:
         "targets": TARGETS,
         "calibration": CALIBRATION,
         "requests_per_target": args.requests,
+        "rounds": args.rounds,
+        "figures": "per concurrency, each target's figures are the median over the rounds, `spread` their [min, max]; "
+                   "added latency is against `direct` in the same round; the ratios are taken within each round, "
+                   "then their median and spread",
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after], "cpus": cpus},
         "noisy": noisy,
         "note": ("the machine was loaded by other work during the run (load average above its core count): "

@@ -93,8 +93,15 @@ def _stamp(data: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _with_spread(t: dict[str, Any], name: str, default: Any = None) -> str:
+    """A figure, followed by its spread over the rounds where the file has one: `3.6 (2.1 to 5)`."""
+    value = t.get(name, default)
+    spread = (t.get("spread") or {}).get(name)
+    return f"{_num(value)} ({_interval(spread)})" if spread else _num(value)
+
+
 def render_peers(data: dict[str, Any]) -> list[str]:
-    rows = []
+    rows, ratio_rows = [], []
     for level, r in data.get("results", {}).items():
         c = level.removeprefix("concurrency_")
         for name in ("direct", "tierlane_passthrough", "tierlane_full", "litellm"):
@@ -104,15 +111,31 @@ def render_peers(data: dict[str, Any]) -> list[str]:
                     [
                         c,
                         name,
-                        t.get("added_p50_ms", 0.0),
-                        t.get("added_p99_ms", 0.0),
-                        t["p50_ms"],
-                        t["p99_ms"],
-                        t["rps"],
+                        _with_spread(t, "added_p50_ms", 0.0),
+                        _with_spread(t, "added_p99_ms", 0.0),
+                        _with_spread(t, "p50_ms"),
+                        _with_spread(t, "p99_ms"),
+                        _with_spread(t, "rps"),
                         t["errors"],
                     ]
                 )
-    lines = _table(["concurrency", "target", "added p50 ms", "added p99 ms", "p50 ms", "p99 ms", "req/s", "errors"], rows)
+        ratios = r.get("ratios")
+        if ratios:
+            cells = [f"{_num(x['median'])} ({_interval(x['spread'])})" if x else "–" for x in (
+                ratios.get("passthrough_added_p99_vs_litellm"), ratios.get("passthrough_rps_vs_litellm"),
+                ratios.get("full_pipeline_rps_vs_litellm"), ratios.get("full_pipeline_added_p50_vs_litellm"))]
+            loop = r.get("tierlane_full_loop") or {}
+            ratio_rows.append([c, r.get("rounds"), *cells, r.get("load_average_1m_at_start", "–"),
+                               f"{_num(loop.get('max_lag_ms'))} / {_num(loop.get('stalls'))}" if loop else "–"])
+    spread_note = any(isinstance(r, dict) and r.get("ratios") for r in data.get("results", {}).values())
+    lines = []
+    if spread_note:
+        lines += ["Each figure is the median over the rounds, with the spread (min to max) of the rounds.", ""]
+    lines += _table(["concurrency", "target", "added p50 ms", "added p99 ms", "p50 ms", "p99 ms", "req/s", "errors"], rows)
+    if ratio_rows:
+        lines += ["", *_table(["concurrency", "rounds", "pass-through added p99 ÷ LiteLLM's", "pass-through req/s ÷ LiteLLM's",
+                               "full pipeline req/s ÷ LiteLLM's", "full pipeline added p50 ÷ LiteLLM's", "load average (1 min)",
+                               "full pipeline loop: largest lag ms / stalls"], ratio_rows)]  # fmt: skip
     rss = data.get("peak_rss_mb") or {}
     if rss:
         lines += ["", "Peak RSS (VmHWM, MiB): " + ", ".join(f"{k} {_num(v)}" for k, v in rss.items())]
