@@ -48,7 +48,7 @@ def test_ratios_are_taken_within_each_round_then_their_median() -> None:
     assert v["passthrough_added_p99_vs_litellm"] == 0.06 and v["met"]["passthrough_added_p99"] is True
     assert v["met"]["passthrough_rps"] is True and v["met"]["full_pipeline_rps"] is True
 
-    records = builder_for("peers")({"requests_per_target": 300, "results": results, "verdict": verdict(results)})  # type: ignore[misc]
+    records = builder_for("peers")({"requests_per_target": 300, "results": results, "verdict": verdict(results)})
     first = records[0]
     assert first["figure"] == "passthrough_added_p99_vs_litellm_at_16" and first["met"] is True
     assert first["spread"] == [0.01, 0.2] and first["rounds"] == 3 and "median of 3 rounds" in first["note"]
