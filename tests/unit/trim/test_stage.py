@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,12 +11,12 @@ import pytest
 import yaml
 
 from gateway.context import Principal, RequestContext
-from gateway.pipeline.trim import build
+from gateway.pipeline.trim import build, small_enough_inline
 from gateway.services import Services
 from gateway.settings import Settings
 from policies.policy import Policy
-from policies.trim import TrimPolicyError
-from tests.unit.trim.builders import assistant, system, user
+from policies.trim import TrimPolicyError, trim_request
+from tests.unit.trim.builders import assistant, system, tool_call, user
 
 
 @dataclass
@@ -121,3 +122,48 @@ def test_a_bad_override_fails_at_start_up() -> None:
     policy = Policy.load(extra=yaml.safe_load("trim: {overrides: [{match: {app: x}, set: {history: {max_tokens: -1}}}]}"))
     with pytest.raises(TrimPolicyError):
         build(_services(policy))
+
+
+@pytest.mark.parametrize(
+    ("body", "inline"),
+    [
+        ({"messages": MESSAGES[1:]}, True),
+        ({"messages": MESSAGES}, False),  # five messages
+        ({"messages": [user("x" * 300)]}, True),
+        ({"messages": [user("x" * 301)]}, False),
+        ({"messages": [user("a")] * 5}, False),  # the passes compare messages: cost grows with their number
+        ({"messages": [user([{"type": "text", "text": "hi"}])]}, True),
+        ({"messages": [user([{"type": "image_url", "image_url": {"url": "data:,"}}])]}, False),
+        ({"messages": [user("a"), tool_call("c1")]}, False),
+        ({"messages": [user("a")], "tools": [{"type": "function", "function": {"name": "f"}}]}, False),
+        ({"messages": "not a list"}, False),
+    ],
+)
+def test_only_small_plain_requests_are_trimmed_on_the_loop(body: dict[str, Any], inline: bool) -> None:
+    assert small_enough_inline(body) is inline
+
+
+async def test_a_small_request_is_trimmed_on_the_loop_and_a_large_one_on_a_thread(
+    monkeypatch: pytest.MonkeyPatch, edge_count: Callable[[str], int]
+) -> None:
+    loop = asyncio.get_running_loop()
+    handed: list[Any] = []
+    real = loop.run_in_executor
+
+    def counting(executor: Any, fn: Any, *args: Any) -> Any:
+        handed.append(fn)
+        return real(executor, fn, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counting)
+    stage = build(_services(engine=EdgeTokenizer(edge_count)))
+    assert stage is not None
+    small = _ctx([dict(m) for m in MESSAGES[1:]])
+    small.lane = "upstream"
+    await stage.run(small)
+    assert handed == []  # trimmed without leaving the loop, the same way
+    assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi there", "hello", "last  one "]
+    assert small.response_headers["x-tierlane-trim"].endswith(";estimated")
+    for ctx in (_ctx([user("word  " * 100)]), _ctx([dict(m) for m in MESSAGES])):
+        ctx.lane = "edge" if len(ctx.body["messages"]) > 1 else "upstream"  # the engine's tokenizer: a thread
+        await stage.run(ctx)
+    assert handed == [trim_request, trim_request]
