@@ -58,8 +58,8 @@ async def freeze_heap(app: web.Application) -> None:
     """Collect once, then freeze what is alive: modules, settings, models, indexes, pools.
 
     NOTE: a full (generation 2) collection walks every tracked object; with the libraries the
-    gateway imports that is over 100,000 of them and a pause of 50-100 ms on a busy core, which
-    every request in flight waits out. Frozen objects are never walked again (nor collected:
+    gateway imports that is about 150,000 of them, some 120 ms of CPU on a shared 2-core machine,
+    which every request in flight waits out (at 16 in flight, the pass-through's p99 tail). Frozen objects are never walked again (nor collected:
     what start-up built lives as long as the process), so a full collection costs what the
     requests of the moment allocated. One process per gateway, so it runs here and not in
     `create_app`, which tests call many times in one process.
