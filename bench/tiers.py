@@ -3,7 +3,7 @@
 Two replay upstreams (bench/replay_upstream.py) stand in for the tiers: `cost` answers as the
 weak model did (MMLU: Mixtral-8x7B; AlpacaEval: FuseChat-Llama-3.2-1B), `strong` as the strong
 one did (MMLU: GPT-4; AlpacaEval: the gpt4_1106_preview reference). A gateway with the shipped
-router and policy (target max_strong_share 0.3), `lanes.upstream.tiers` over two pools, the edge
+router and policy (its default target, a strong share), `lanes.upstream.tiers` over two pools, the edge
 off, the cache and trimming off, gets every held-out prompt once (MMLU: the 13 test subjects;
 AlpacaEval: koala + vicuna, from the router's manifest: never used to train, select or calibrate
 it) as model `auto`; the lane header says which tier answered and the router's score, and the
@@ -45,14 +45,24 @@ from policies.pricing import TokenPrice
 from policies.router import RoutePolicy, Router
 from policies.router.data import load_alpaca, load_mmlu, shared_data_dir
 
-SHIPPED_TARGET = 0.3  # policies/defaults/router.yaml: max_strong_share 0.3
-CURVE_TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+def shipped_target() -> float:
+    """The default policy's strong-share target (policies/defaults/router.yaml)."""
+    target = Policy.load().section("router").get("target") or {}
+    if target.get("mode") != "max_strong_share":
+        raise SystemExit(f"bench/tiers.py reports a strong-share target; the default policy has {target}")
+    return float(target["value"])
+
+
+SHIPPED_TARGET = shipped_target()
+CURVE_TARGETS = tuple(sorted({0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, SHIPPED_TARGET}))
 # USD. Per token: per million input / output tokens. Per GPU-second: one GPU each, the same price
 # per second, the cost model faster (seconds = prompt / prefill + output / decode tokens per second).
 PRICING: dict[str, dict[str, Any]] = {
     "per_token_cost_1_10": {"strong": {"input": 5.0, "output": 15.0}, "cost": {"input": 0.5, "output": 1.5}},
     "per_token_cost_1_5": {"strong": {"input": 5.0, "output": 15.0}, "cost": {"input": 1.0, "output": 3.0}},
     "per_request_cost_1_10": {"strong": {"per_request": 0.01}, "cost": {"per_request": 0.001}},
+    "per_request_cost_1_5": {"strong": {"per_request": 0.01}, "cost": {"per_request": 0.002}},
     "per_gpu_second": {"strong": {"per_second": 0.0012, "prefill_tps": 2000, "decode_tps": 25},
                        "cost": {"per_second": 0.0012, "prefill_tps": 10000, "decode_tps": 100}},
 }
