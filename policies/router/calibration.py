@@ -77,7 +77,7 @@ class RankMap:
     """
 
     logit: np.ndarray  # strictly increasing knots
-    rank: np.ndarray  # non-decreasing, in [0, 1]; 0 at the lowest calibration score
+    rank: np.ndarray  # non-decreasing, in [0, 1): 0 at the lowest calibration score
 
     def __post_init__(self) -> None:
         if self.logit.ndim != 1 or self.logit.shape != self.rank.shape or self.logit.size < 2:
@@ -115,13 +115,13 @@ def rank_map(raw: np.ndarray, weights: np.ndarray | None = None, points: int = 2
     values = raw[order]
     below = np.cumsum(w[order]) / w.sum()  # weighted share at or below each sorted score
     levels = np.linspace(0.0, 1.0, points)
-    knots = values[np.minimum(np.searchsorted(below, levels - 1e-12), values.size - 1)]
-    xs, first = np.unique(knots, return_index=True)
+    xs = np.unique(values[np.minimum(np.searchsorted(below, levels - 1e-12), values.size - 1)])
     if xs.size < 2:
         raise ValueError("rank_map needs at least two distinct scores")
-    # For each distinct knot the lowest level that lands on it: about the share scoring strictly
-    # lower, so a block of ties is never counted inside a share it would overrun.
-    return RankMap(xs, levels[first])
+    # Each knot's rank is the share scoring strictly lower: a block of ties is never counted
+    # inside a share it would overrun, and no score reaches 1 (threshold 1 sends nothing).
+    lower = np.concatenate([[0.0], below])[np.searchsorted(values, xs, side="left")]
+    return RankMap(xs, np.minimum(lower, 1.0))
 
 
 def _finite(value: float) -> float | None:

@@ -31,6 +31,7 @@ def test_rank_map_reads_a_score_as_the_share_that_scores_lower() -> None:
     for t in (0.1, 0.3, 0.44):
         assert (ranks.batch(scores) >= 1 - t).mean() == pytest.approx(t, abs=0.011)
     assert (np.diff(ranks.batch(np.linspace(-10, 110, 500))) >= 0).all()
+    assert ranks(1e9) < 1.0  # nothing scores above all of the calibration: threshold 1 sends nothing
 
 
 def test_rank_map_weights_let_every_group_count_once() -> None:
