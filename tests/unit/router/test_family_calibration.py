@@ -152,3 +152,15 @@ def test_a_damaged_rank_map_is_refused() -> None:
     params["families"]["closed"] = {"logit": [1.0, 0.0], "rank": [0.0, 1.0]}  # type: ignore[index]
     with pytest.raises(RouterArtifactError, match="rank map"):
         Router.from_params(params, curve=None, default_threshold=0.5, manifest={})
+
+
+def test_the_shipped_router_is_ranked_per_family(shipped_router: Router) -> None:
+    # Scores are ranks within a family's selection-fold scores, so the pooled curve puts the
+    # threshold of a share target t at about 1 - t, and the default target is the one chosen.
+    assert shipped_router.ranks is not None and shipped_router.family_index == FAMILY
+    for t in (0.2, 0.45, 0.7):
+        assert shipped_router.threshold_for("max_strong_share", t) == pytest.approx(1 - t, abs=0.01)
+    chosen = shipped_router.manifest["default_target"]
+    assert chosen["value"] in TARGET_GRID and chosen["mmlu_selection_cost"] == pytest.approx(
+        COST_TIER_PRICE + (1 - COST_TIER_PRICE) * chosen["mmlu_selection_share"], abs=1e-3)
+    assert shipped_router.default_threshold == pytest.approx(shipped_router.threshold_for(chosen["mode"], chosen["value"]))
