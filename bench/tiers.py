@@ -130,7 +130,7 @@ def request_cost(spec: dict[str, Any], prompt_tokens: int, completion_tokens: in
 
 
 def source_report(prompts: list[str], weak_q: np.ndarray, strong_q: np.ndarray, results: list[dict[str, Any]],
-                  completion_tokens: int, thresholds: dict[float, float]) -> dict[str, Any]:
+                  completion_tokens: int, thresholds: dict[float, float], groups: np.ndarray) -> dict[str, Any]:
     n = len(prompts)
     tiers = np.asarray([r["tier"] == "strong" for r in results])
     quality = np.asarray([r["quality"] if r["quality"] is not None else 0.0 for r in results])
@@ -160,6 +160,9 @@ def source_report(prompts: list[str], weak_q: np.ndarray, strong_q: np.ndarray, 
     at_shipped["served_quality_vs_all_strong"] = round(float(quality.sum()) / all_strong, 4)
     at_shipped["strong_share_error"] = round(share - SHIPPED_TARGET, 4)
     at_shipped["per_tier"] = {"cost": int((~tiers).sum()), "strong": int(tiers.sum())}
+    # the share per MMLU subject / AlpacaEval source: one whole domain sent as a block moves the total
+    at_shipped["strong_share_by_group"] = {str(g): {"rows": int((groups == g).sum()), "strong_share": round(float(tiers[groups == g].mean()), 4)}
+                                           for g in sorted(set(groups.tolist()))}  # fmt: skip
     rule = scores >= thresholds[SHIPPED_TARGET]
     return {
         "rows": n,
@@ -228,8 +231,9 @@ async def run(limit: int | None, concurrency: int) -> dict[str, Any]:
                                   "was right, the next letter where it was wrong",
                   "alpaca_quality": "P(answer beats gpt4_1106_preview) by the recorded judge: weak pref - 1, strong 0.5"},
         "mmlu": source_report(mmlu.prompts, mmlu.weak.astype(float), mmlu.strong.astype(float), results[:k],
-                              MMLU_COMPLETION_TOKENS, thresholds),
-        "alpaca": source_report(alpaca.prompts, alpaca.weak, alpaca.strong, results[k:], ALPACA_COMPLETION_TOKENS, thresholds),
+                              MMLU_COMPLETION_TOKENS, thresholds, mmlu.subjects),
+        "alpaca": source_report(alpaca.prompts, alpaca.weak, alpaca.strong, results[k:], ALPACA_COMPLETION_TOKENS, thresholds,
+                                alpaca.subjects),
     }
 
 
