@@ -3,7 +3,7 @@
 Two replay upstreams (bench/replay_upstream.py) stand in for the tiers: `cost` answers as the
 weak model did (MMLU: Mixtral-8x7B; AlpacaEval: FuseChat-Llama-3.2-1B), `strong` as the strong
 one did (MMLU: GPT-4; AlpacaEval: the gpt4_1106_preview reference). A gateway with the shipped
-router and policy (target max_strong_share 0.3), `lanes.upstream.tiers` over two pools, the edge
+router and policy (its default target, a strong share), `lanes.upstream.tiers` over two pools, the edge
 off, the cache and trimming off, gets every held-out prompt once (MMLU: the 13 test subjects;
 AlpacaEval: koala + vicuna, from the router's manifest: never used to train, select or calibrate
 it) as model `auto`; the lane header says which tier answered and the router's score, and the
@@ -45,14 +45,24 @@ from policies.pricing import TokenPrice
 from policies.router import RoutePolicy, Router
 from policies.router.data import load_alpaca, load_mmlu, shared_data_dir
 
-SHIPPED_TARGET = 0.3  # policies/defaults/router.yaml: max_strong_share 0.3
-CURVE_TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+def shipped_target() -> float:
+    """The default policy's strong-share target (policies/defaults/router.yaml)."""
+    target = Policy.load().section("router").get("target") or {}
+    if target.get("mode") != "max_strong_share":
+        raise SystemExit(f"bench/tiers.py reports a strong-share target; the default policy has {target}")
+    return float(target["value"])
+
+
+SHIPPED_TARGET = shipped_target()
+CURVE_TARGETS = tuple(sorted({0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, SHIPPED_TARGET}))
 # USD. Per token: per million input / output tokens. Per GPU-second: one GPU each, the same price
 # per second, the cost model faster (seconds = prompt / prefill + output / decode tokens per second).
 PRICING: dict[str, dict[str, Any]] = {
     "per_token_cost_1_10": {"strong": {"input": 5.0, "output": 15.0}, "cost": {"input": 0.5, "output": 1.5}},
     "per_token_cost_1_5": {"strong": {"input": 5.0, "output": 15.0}, "cost": {"input": 1.0, "output": 3.0}},
     "per_request_cost_1_10": {"strong": {"per_request": 0.01}, "cost": {"per_request": 0.001}},
+    "per_request_cost_1_5": {"strong": {"per_request": 0.01}, "cost": {"per_request": 0.002}},
     "per_gpu_second": {"strong": {"per_second": 0.0012, "prefill_tps": 2000, "decode_tps": 25},
                        "cost": {"per_second": 0.0012, "prefill_tps": 10000, "decode_tps": 100}},
 }
@@ -120,7 +130,7 @@ def request_cost(spec: dict[str, Any], prompt_tokens: int, completion_tokens: in
 
 
 def source_report(prompts: list[str], weak_q: np.ndarray, strong_q: np.ndarray, results: list[dict[str, Any]],
-                  completion_tokens: int, thresholds: dict[float, float]) -> dict[str, Any]:
+                  completion_tokens: int, thresholds: dict[float, float], groups: np.ndarray) -> dict[str, Any]:
     n = len(prompts)
     tiers = np.asarray([r["tier"] == "strong" for r in results])
     quality = np.asarray([r["quality"] if r["quality"] is not None else 0.0 for r in results])
@@ -150,6 +160,9 @@ def source_report(prompts: list[str], weak_q: np.ndarray, strong_q: np.ndarray, 
     at_shipped["served_quality_vs_all_strong"] = round(float(quality.sum()) / all_strong, 4)
     at_shipped["strong_share_error"] = round(share - SHIPPED_TARGET, 4)
     at_shipped["per_tier"] = {"cost": int((~tiers).sum()), "strong": int(tiers.sum())}
+    # the share per MMLU subject / AlpacaEval source: one whole domain sent as a block moves the total
+    at_shipped["strong_share_by_group"] = {str(g): {"rows": int((groups == g).sum()), "strong_share": round(float(tiers[groups == g].mean()), 4)}
+                                           for g in sorted(set(groups.tolist()))}  # fmt: skip
     rule = scores >= thresholds[SHIPPED_TARGET]
     return {
         "rows": n,
@@ -218,8 +231,9 @@ async def run(limit: int | None, concurrency: int) -> dict[str, Any]:
                                   "was right, the next letter where it was wrong",
                   "alpaca_quality": "P(answer beats gpt4_1106_preview) by the recorded judge: weak pref - 1, strong 0.5"},
         "mmlu": source_report(mmlu.prompts, mmlu.weak.astype(float), mmlu.strong.astype(float), results[:k],
-                              MMLU_COMPLETION_TOKENS, thresholds),
-        "alpaca": source_report(alpaca.prompts, alpaca.weak, alpaca.strong, results[k:], ALPACA_COMPLETION_TOKENS, thresholds),
+                              MMLU_COMPLETION_TOKENS, thresholds, mmlu.subjects),
+        "alpaca": source_report(alpaca.prompts, alpaca.weak, alpaca.strong, results[k:], ALPACA_COMPLETION_TOKENS, thresholds,
+                                alpaca.subjects),
     }
 
 

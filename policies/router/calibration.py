@@ -67,6 +67,63 @@ class GapCurve:
         )
 
 
+@dataclass(slots=True, frozen=True)
+class RankMap:
+    """A family's raw log-odds -> the weighted share of its calibration prompts that score lower.
+
+    Piecewise linear through weighted quantiles, clamped at both ends. A prompt mapped to r
+    scores above a share r of its family's calibration prompts, so "score >= 1 - t" sends a share
+    t of a family to the strong tier whatever the family's own score range and base rate.
+    """
+
+    logit: np.ndarray  # strictly increasing knots
+    rank: np.ndarray  # non-decreasing, in [0, 1): 0 at the lowest calibration score
+
+    def __post_init__(self) -> None:
+        if self.logit.ndim != 1 or self.logit.shape != self.rank.shape or self.logit.size < 2:
+            raise ValueError("a rank map needs two or more (logit, rank) knots of equal length")
+        if not (np.diff(self.logit) > 0).all() or (np.diff(self.rank) < 0).any():
+            raise ValueError("rank map knots must increase in logit and not decrease in rank")
+
+    def __call__(self, z: float) -> float:
+        return float(np.interp(z, self.logit, self.rank))
+
+    def batch(self, z: np.ndarray) -> np.ndarray:
+        return np.asarray(np.interp(z, self.logit, self.rank), dtype=np.float64)
+
+    def to_table(self) -> dict[str, list[float]]:
+        return {"logit": [float(v) for v in self.logit], "rank": [round(float(v), 6) for v in self.rank]}
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> RankMap:
+        return cls(np.asarray(table["logit"], dtype=np.float64), np.asarray(table["rank"], dtype=np.float64))
+
+
+def rank_map(raw: np.ndarray, weights: np.ndarray | None = None, points: int = 201) -> RankMap:
+    """The RankMap of calibration scores `raw`: knots at `points` evenly spaced weighted quantiles.
+
+    `weights` (default: all 1) say how much each calibration prompt counts, e.g. 1/rows of its
+    subject so that every subject counts once.
+    """
+    raw = np.asarray(raw, dtype=np.float64)
+    w = np.ones_like(raw) if weights is None else np.asarray(weights, dtype=np.float64)
+    if raw.ndim != 1 or raw.size < 2 or w.shape != raw.shape or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("rank_map needs two or more scores with non-negative weights, not all zero")
+    if not np.isfinite(raw).all():
+        raise ValueError("rank_map needs finite scores")
+    order = np.argsort(raw, kind="stable")
+    values = raw[order]
+    below = np.cumsum(w[order]) / w.sum()  # weighted share at or below each sorted score
+    levels = np.linspace(0.0, 1.0, points)
+    xs = np.unique(values[np.minimum(np.searchsorted(below, levels - 1e-12), values.size - 1)])
+    if xs.size < 2:
+        raise ValueError("rank_map needs at least two distinct scores")
+    # Each knot's rank is the share scoring strictly lower: a block of ties is never counted
+    # inside a share it would overrun, and no score reaches 1 (threshold 1 sends nothing).
+    lower = np.concatenate([[0.0], below])[np.searchsorted(values, xs, side="left")]
+    return RankMap(xs, np.minimum(lower, 1.0))
+
+
 def _finite(value: float) -> float | None:
     return None if not np.isfinite(value) else float(value)
 

@@ -171,7 +171,8 @@ def _at_threshold(scores: np.ndarray, data: Labelled, threshold: float) -> dict[
 
 def source_report(router: Router, scores: np.ndarray, data: Labelled, threshold: float | None) -> dict[str, Any]:
     """Every held-out figure of one source: pooled metrics, per group, targets, the default threshold."""
-    report = routing_metrics(scores, data, calibrated=True)
+    # Brier and calibration error read the score as a probability; a family-ranked score is a rank.
+    report = routing_metrics(scores, data, calibrated=router.ranks is None)
     report["per_group"] = per_subject(scores, data)
     report["mean_within_group_auc"] = within_group_auc(scores, data)
     if router.curve is not None:

@@ -12,7 +12,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from policies.router.artifact import Artifact, RouterArtifactError, load_artifact
-from policies.router.calibration import GapCurve, threshold_for_target
+from policies.router.calibration import GapCurve, RankMap, threshold_for_target
 from policies.router.features import FEATURE_NAMES, Prompt, text_feature_matrix, text_features
 from policies.router.trees import FlatForest, FlatMLP
 
@@ -39,6 +39,11 @@ class Router:
     g_emb: np.ndarray | None = None
     g_text: np.ndarray | None = None
     g_bias: float = 0.0
+    # Linear models calibrated per task family: the log-odds are mapped to a rank among the
+    # family's calibration prompts (`ranks[0]` when text feature `family_index` is 0, open prompts;
+    # `ranks[1]` when it is 1, multiple choice), so one threshold sends the same share of each family.
+    family_index: int | None = None
+    ranks: tuple[RankMap, RankMap] | None = None
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Router:
@@ -81,6 +86,17 @@ class Router:
             g_bias = float(gate["bias"])
             if g_emb.shape != (dimension,) or g_text.shape != (len(FEATURE_NAMES),) or not 0 <= gate_index < len(FEATURE_NAMES):
                 raise RouterArtifactError("router artifact gate coefficients do not match its dimensions")
+        family_index: int | None = None
+        ranks: tuple[RankMap, RankMap] | None = None
+        family = p.get("families")
+        if kind == "linear" and family is not None:
+            family_index = int(family["feature"])
+            if not 0 <= family_index < len(FEATURE_NAMES):
+                raise RouterArtifactError("router artifact family feature is out of range")
+            try:
+                ranks = (RankMap.from_table(family["open"]), RankMap.from_table(family["closed"]))
+            except (KeyError, ValueError) as exc:
+                raise RouterArtifactError(f"router artifact has a damaged family rank map: {exc}") from exc
         slope, offset = p.get("platt", (1.0, 0.0))
         fast: FlatForest | FlatMLP | None = None
         estimator = p.get("estimator")
@@ -106,6 +122,8 @@ class Router:
             g_emb=g_emb,
             g_text=g_text,
             g_bias=g_bias,
+            family_index=family_index,
+            ranks=ranks,
         )
 
     def _embedding(self, embedding: Any) -> np.ndarray:
@@ -115,7 +133,11 @@ class Router:
         return vec
 
     def score(self, prompt: Prompt, embedding: Any) -> float:
-        """Probability in [0, 1] that the strong lane is needed for this prompt."""
+        """A score in [0, 1] that grows with the need for the strong model.
+
+        With family rank maps (the shipped model): the share of the prompt's task family's
+        calibration prompts that score lower. Without: the Platt-calibrated probability.
+        """
         vec = self._embedding(embedding)
         feats = text_features(prompt)
         if self.kind == "linear":
@@ -124,6 +146,9 @@ class Router:
             if self.gate_index is not None and feats[self.gate_index] > 0.5:
                 assert self.g_emb is not None and self.g_text is not None
                 z += float(self.g_emb @ vec) + float(self.g_text @ feats) + self.g_bias
+            if self.ranks is not None:
+                assert self.family_index is not None
+                return self.ranks[int(feats[self.family_index] > 0.5)](z)
             return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
         if self.fast is not None:
             # sklearn's per-call overhead (validation, thread pools) is milliseconds; the walk is microseconds.
@@ -145,6 +170,10 @@ class Router:
                 assert self.g_emb is not None and self.g_text is not None
                 on = feats[:, self.gate_index] > 0.5
                 z = z + on * (emb.astype(np.float64) @ self.g_emb.astype(np.float64) + feats @ self.g_text + self.g_bias)
+            if self.ranks is not None:
+                assert self.family_index is not None
+                closed = feats[:, self.family_index] > 0.5
+                return np.where(closed, self.ranks[1].batch(z), self.ranks[0].batch(z))
             return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -700, 700))), dtype=np.float64)
         return self._sklearn(emb, feats)
 

@@ -16,8 +16,10 @@ def make(model: Router, **extra: object) -> RoutePolicy:
 
 def test_defaults_use_the_calibrated_target(shipped_router: Router) -> None:
     rules = make(shipped_router).rules("t", "a")
-    assert rules.target == "max_strong_share=0.3"
-    assert rules.threshold == pytest.approx(shipped_router.threshold_for("max_strong_share", 0.3))
+    # the policy ships the target the trainer chose on its selection folds
+    shipped = shipped_router.manifest["default_target"]
+    assert rules.target == f"{shipped['mode']}={shipped['value']:g}" == "max_strong_share=0.45"
+    assert rules.threshold == pytest.approx(shipped_router.threshold_for("max_strong_share", 0.45))
     assert rules.threshold == pytest.approx(shipped_router.default_threshold)
     assert rules.upstream.pool == "standard" and rules.edge.precision == "int4"
 
