@@ -17,10 +17,9 @@ import numpy as np
 from policies.cache.config import CacheConfig, ResolvedConfigs
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import VectorIndex
-from policies.cache.matcher import decide
+from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.store import Entry, EntryReader, EntryStore
-from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 
@@ -166,7 +165,7 @@ class SemanticCache:
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.base.verify.verifier is not None:
-            load_verifier(self.base.verify.verifier)  # read (and checked) now, not on the first lookup
+            load(self.base.verify)  # read (and checked) now, not on the first lookup
         self._store = EntryStore(self.directory / "entries.sqlite3")
         if self._index is None:
             path = self.directory / "vectors.faiss"
@@ -204,16 +203,19 @@ class SemanticCache:
         stale = [n.id for n in neighbours if n.id not in entries]
         if stale:  # purged by another process (the CLI); drop the orphaned vectors
             self._index.remove(stale)
-        query: PairText | None = None
-        for neighbour in neighbours:
-            entry = entries.get(neighbour.id)
-            if entry is None or entry.scope != key.scope or entry.expires <= now:
-                continue
-            if query is None:
-                query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
-            decision = decide(neighbour.similarity, query, entry.text, threshold=config.threshold, checks=config.verify,
-                              query_vector=vector, candidate_vector=neighbour.vector)  # fmt: skip
-            if decision.hit and self._fits(entry, max_output_tokens):
+        live = [
+            (neighbour, entry)
+            for neighbour in neighbours
+            if (entry := entries.get(neighbour.id)) is not None
+            and entry.scope == key.scope and entry.expires > now and self._fits(entry, max_output_tokens)
+        ]  # fmt: skip
+        if not live:
+            return None
+        # One batched cross-encoder call for every candidate past the gate and the vetoes.
+        decisions = decide_many(key.text, [(n.similarity, e.text, n.vector) for n, e in live], threshold=config.threshold,
+                                checks=config.verify, query_vector=vector)  # fmt: skip
+        for (neighbour, entry), decision in zip(live, decisions):
+            if decision.hit:
                 return self._hit(entry, neighbour.similarity, exact=False, now=now)
         return None
 

@@ -54,10 +54,9 @@ from policies.cache.backend import CacheUnavailable
 from policies.cache.config import CacheConfig, ResolvedConfigs
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import Neighbour
-from policies.cache.matcher import decide
+from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit
-from policies.cache.verifier import PairText, load_verifier
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
@@ -215,7 +214,7 @@ class SharedCache:
         """Start the follower (a snapshot of the live entries, then the stream); a store that is down is retried."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-cache")
         if self.base.verify.verifier is not None:
-            await self._call(load_verifier, self.base.verify.verifier)  # read (and checked) now, not on the first lookup
+            await self._call(load, self.base.verify)  # read (and checked) now, not on the first lookup
         # NOTE: the scripts are loaded once here, not on a replica's first store: a NOSCRIPT
         # round (load, then run) took longer than op_timeout_ms under load, and that one
         # timeout switched the shared cache off for _BACKOFF_S. A store that is down now is
@@ -299,33 +298,42 @@ class SharedCache:
             )
 
         rows = await self._op(fetch)
-        query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
-        for (entry_id, meta, neighbour), row in zip(found, rows):
-            hit = self._accept(
-                row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner, exact_key=meta.exact,
-                config=config, verify=(query, vector, neighbour.vector),
-            )  # fmt: skip
+        # Rows that could be served, then one batched cross-encoder call for them on the worker thread.
+        live = [
+            (entry_id, meta, neighbour, row)
+            for (entry_id, meta, neighbour), row in zip(found, rows)
+            if self._servable(row, key, entry_id, now)
+        ]
+        if not live:
+            return None
+        decisions = await self._call(
+            lambda: decide_many(key.text, [(n.similarity, _text(row[2]), n.vector) for _, _, n, row in live],
+                                threshold=config.threshold, checks=config.verify, query_vector=vector)
+        )  # fmt: skip
+        for (entry_id, meta, neighbour, row), decision in zip(live, decisions):
+            if not decision.hit:
+                continue
+            hit = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner,
+                               exact_key=meta.exact)  # fmt: skip
             if hit is not None:
                 return hit
         return None
 
+    @staticmethod
+    def _servable(row: list[Any], key: CacheKey, entry_id: int | None, now: float) -> bool:
+        stored_id, scope, _, body, expires = row
+        if stored_id is None or body is None or _text(scope) != key.scope or float(expires) <= now:
+            return False
+        return entry_id is None or int(stored_id) == entry_id
+
     def _accept(
         self, row: list[Any], key: CacheKey, entry_id: int | None, similarity: float, now: float, max_output_tokens: int | None,
-        *, owner: str, exact_key: str, config: CacheConfig | None = None,
-        verify: tuple[PairText, np.ndarray, np.ndarray | None] | None = None,
+        *, owner: str, exact_key: str,
     ) -> CacheHit | None:  # fmt: skip
-        """The hit a stored row gives (same scope, not expired, fits, verified when semantic), or None."""
-        stored_id, scope, text, body, expires = row
-        if stored_id is None or body is None or _text(scope) != key.scope or float(expires) <= now:
-            return None
-        if entry_id is not None and int(stored_id) != entry_id:
-            return None  # replaced since this vector was indexed; the replacement has its own
-        if config is not None:
-            query, query_vector, candidate_vector = verify or (PairText(key.text, config.verify), None, None)
-            decision = decide(similarity, query, _text(text), threshold=config.threshold, checks=config.verify,
-                              query_vector=query_vector, candidate_vector=candidate_vector)  # fmt: skip
-            if not decision.hit:
-                return None
+        """The hit a stored row gives (same scope, not expired, fits; a semantic row was verified by the caller), or None."""
+        if not self._servable(row, key, entry_id, now):
+            return None  # gone, another scope, expired, or replaced since this vector was indexed
+        stored_id, _, _, body, _ = row
         payload = orjson.loads(body)
         usage = payload.get("usage")
         if max_output_tokens is not None and usage and int(usage.get("completion_tokens") or 0) > max_output_tokens:
