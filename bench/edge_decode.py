@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import write
+from bench._verdicts import verdicts
 from edge_engine import EdgeEngine, EdgeSettings, SamplingParams, bundled_model_path
 
 SEQUENTIAL: dict[str, dict[str, Any]] = {
@@ -108,14 +109,15 @@ def main() -> None:
     for k in MODES:
         print(f"{k}: {best[k]} tok/s = {ratios[k]}x the faster sequential ({lock} tok/s)")
     load = Path("/proc/loadavg").read_text().split()[:3]
-    path = write("edge_decode", {
+    result: dict[str, Any] = {
         "what": __doc__.splitlines()[0],
         "setup": {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "n_threads": args.threads,
                   "rounds": args.rounds, "statistic": "best of rounds, tokens/s including the short prefill",
                   "engine_vs_sequential": "against the faster of the two sequential set-ups"},
         "target": "engine >= 1.4x sequential at 8",
         "tokens_per_s": best, "engine_vs_sequential": ratios, "all_runs": rates, "load_average_end": load,
-    })
+    }
+    path = write("edge_decode", {**result, "verdicts": verdicts("edge_decode", result)})
     print(f"wrote {path}")
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import free_port, pct, write
+from bench._verdicts import verdicts
 from edge_engine.settings import EdgeSettings as EdgeSettingsDefaults
 
 N_THREADS = 2
@@ -720,6 +721,7 @@ def main() -> None:
         return
     raw = asyncio.run(drive(args))
     data = report(raw, args)
+    data["verdicts"] = verdicts("edge_engine", data)
     path = write(args.out, data)
     print(f"\nload average start {data['load']['loadavg_start']}, end {data['load']['loadavg_end']}"
           f"{' (NOISY: shared machine busy)' if data['noisy'] else ''}")

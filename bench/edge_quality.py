@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._harness import write  # noqa: E402
+from bench._verdicts import verdicts  # noqa: E402
 from policies.edge_quality.calibrate import embed, embedding_texts, resolve_model  # noqa: E402
 from policies.edge_quality.evaluate import ItemOutcome, full_report, token_signals  # noqa: E402
 from policies.edge_quality.model import EdgeCalibration  # noqa: E402
@@ -125,6 +126,7 @@ def main() -> int:
         run = asyncio.run(evaluate(tasks, concurrency=8))
         report["gateway"] = {k: v for k, v in run.items() if k != "records"}
         report["gateway"]["tasks"] = {name: sum(p.id in {q.id for q in group} for p in tasks) for name, group in sets.items()}
+    report["verdicts"] = verdicts("edge_quality", report)
     path = write(args.out, report)
     summary = {name: {"edge_accuracy": r["edge_accuracy"], "prior_cascade": r["policies"]["prior_cascade"]}
                for name, r in report["sets"].items()}

@@ -165,6 +165,9 @@ def figures(pinned: Sequence[dict[str, Any]], auto: Sequence[dict[str, Any]]) ->
     return {
         "tasks": n,
         "errors": n - len(ok),
+        "kept_local": len(local),
+        "kept_local_right": sum(bool(r["correct"]) for r in local),
+        "right_when_pinned": len(right_when_pinned),
         "local_share": round(len(local) / n, 4) if n else None,
         "edge_share": round(sum(r["lane"] == "edge" for r in ok) / n, 4) if n else None,
         "cache_share": round(sum(r["lane"] == "cache" for r in ok) / n, 4) if n else None,

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import write
+from bench._verdicts import speculative_record
 from bench.edge_engine import everyday_chat
 
 RECORD = (
@@ -195,24 +196,33 @@ def main() -> None:
     def ratio(workload: str, level: int, mode: str, key: str = "tokens_per_s") -> float:
         return round(runs[f"{workload}@{level}/{mode}"][key] / runs[f"{workload}@{level}/off"][key], 3)
 
+    def speedup(workload: str, level: int, mode: str, key: str = "tokens_per_s") -> float | None:
+        """The on/off ratio only where drafts were made: with none, the difference is not speculation's doing."""
+        return ratio(workload, level, mode, key) if runs[f"{workload}@{level}/{mode}"]["drafted"] else None
+
+    def case(workload: str, level: int, target: str, **extra: Any) -> dict[str, Any]:
+        on = runs[f"{workload}@{level}/on"]
+        return {"speedup": speedup(workload, level, "on"), **extra, "exercised": bool(on["drafted"]),
+                "drafted": on["drafted"], "accepted": on["accepted"], "completion_tokens": on["completion_tokens"],
+                "acceptance_rate": on["acceptance_rate"], "target": target}
+
     def same(workload: str, level: int, mode: str) -> bool:
         key, off = f"{workload}@{level}/{mode}", f"{workload}@{level}/off"
         return bool(runs[key]["texts"] == runs[off]["texts"]) and not ({key, off} & texts_differ)
 
-    crossover = {1: {"forced_vs_off": ratio("grounded", 1, "on"), "identical": same("grounded", 1, "on")}}  # on = forced alone
+    crossover = {1: {"forced_vs_off": speedup("grounded", 1, "on"), "identical": same("grounded", 1, "on")}}  # on = forced alone
     crossover.update({
-        level: {"forced_vs_off": ratio("grounded", level, "forced"), "identical": same("grounded", level, "forced")}
+        level: {"forced_vs_off": speedup("grounded", level, "forced"), "identical": same("grounded", level, "forced")}
         for level in args.crossover
     })
-    losing = [level for level in sorted(crossover) if crossover[level]["forced_vs_off"] < 1.0]
+    losing = [level for level in sorted(crossover) if (crossover[level]["forced_vs_off"] or 1.0) < 1.0]
     from edge_engine.settings import SpeculativeSettings
 
     summary = {
-        "a_grounded_c1": {"speedup": ratio("grounded", 1, "on"), "decode_only_speedup": ratio("grounded", 1, "on", "decode_tokens_per_s"),
-                          "acceptance_rate": runs["grounded@1/on"]["acceptance_rate"], "target": ">= 1.5"},
-        "b_everyday_c1": {"speedup": ratio("everyday", 1, "on"), "acceptance_rate": runs["everyday@1/on"]["acceptance_rate"], "target": ">= 0.97"},
-        "b_everyday_c8": {"speedup": ratio("everyday", 8, "on"), "acceptance_rate": runs["everyday@8/on"]["acceptance_rate"], "target": ">= 0.97"},
-        "c_grounded_c8": {"speedup": ratio("grounded", 8, "on"), "acceptance_rate": runs["grounded@8/on"]["acceptance_rate"], "target": ">= 1.0"},
+        "a_grounded_c1": case("grounded", 1, ">= 1.5", decode_only_speedup=speedup("grounded", 1, "on", "decode_tokens_per_s")),
+        "b_everyday_c1": case("everyday", 1, ">= 0.97"),
+        "b_everyday_c8": case("everyday", 8, ">= 0.97"),
+        "c_grounded_c8": case("grounded", 8, ">= 1.0"),
         "d_identical": {f"{w}@{lv}": same(w, lv, "on") for w, lv in [("grounded", 1), ("everyday", 1), ("everyday", 8), ("grounded", 8)]},
         "crossover_forced_on_grounded": crossover,
         "measured_crossover": min(losing) if losing else None,
@@ -221,6 +231,7 @@ def main() -> None:
     for key, value in summary.items():
         print(f"{key}: {value}")
     figures = {k: {f: (round(v, 3) if isinstance(v, float) else v) for f, v in r.items() if f != "texts"} for k, r in runs.items()}
+    verdicts = [speculative_record(key, figures, summary[key]["speedup"]) for key in ("a_grounded_c1", "b_everyday_c1", "b_everyday_c8", "c_grounded_c8")]
     path = write("edge_speculative", {
         "what": __doc__.splitlines()[0],
         "setup": {"max_tokens": args.max_tokens, "n_threads": args.threads, "grounded_requests": args.grounded,
@@ -229,6 +240,7 @@ def main() -> None:
                   "speculative_defaults": SpeculativeSettings().model_dump(),
                   "crossover": "smallest concurrency where forced speculation is slower than none on the grounded workload"},
         "summary": summary,
+        "verdicts": verdicts,
         "runs": figures,
         "all_runs_tokens_per_s": all_runs,
         "load_average_end": Path("/proc/loadavg").read_text().split()[:3],

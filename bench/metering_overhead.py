@@ -26,6 +26,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench._verdicts import verdicts  # noqa: E402
 
 TARGET_RATIO = 0.90
 ANSWER = {
@@ -289,6 +290,7 @@ def main() -> int:
     suffix = "" if ratio in (None, "1.0", "1") else f"_sampled_{ratio}"
     out = REPO / "bench" / "results" / f"metering_overhead{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    result["verdicts"] = verdicts("metering_overhead", result)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
     return 0

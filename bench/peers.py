@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import REPO, free_port, gateway_cmd, start, stop, summary_ms, wait_http, write
+from bench._verdicts import verdicts
 from bench.proxy_overhead import pass_through_config
 
 LITELLM_VERSION = "1.100.0"
@@ -285,7 +286,7 @@ def main() -> None:
     load_after = os.getloadavg()
     cpus = os.cpu_count() or 1
     noisy = max(load_before[0], load_after[0]) > cpus * 0.75
-    path = write("peers", {
+    result: dict[str, Any] = {
         "what": "added latency, throughput and peak RSS of tierlane (pass-through, full pipeline) and LiteLLM's "
                 "proxy in front of the same fixed-answer upstream, unique prompts, side by side",
         "litellm": {
@@ -312,7 +313,8 @@ def main() -> None:
         "results": results,
         "verdict": verdict(results) if results else {},
         "elapsed_s": round(time.monotonic() - began, 1),
-    })
+    }
+    path = write("peers", {**result, "verdicts": verdicts("peers", result)})
     print(json.dumps(json.loads(path.read_text())["verdict"], indent=2))
     print(f"wrote {path}")
 

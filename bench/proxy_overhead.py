@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import free_port, gateway_cmd, load, start, stop, summary_ms, write
+from bench._verdicts import verdicts
 
 BODY = {"model": "fast-model", "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
 
@@ -93,12 +94,13 @@ def main() -> None:
     finally:
         stop(gateway)
         stop(upstream)
-    path = write("proxy_overhead", {
+    result = {
         "what": "added latency and throughput of tierlane pass-through vs direct, same fixed-answer upstream",
         "targets": {"added_p50_ms_at_1": "<= 1", "added_p99_ms_at_1": "<= 5", "throughput_ratio_at_64": ">= 0.6"},
         "requests_per_target": args.requests,
         "results": results,
-    })
+    }
+    path = write("proxy_overhead", {**result, "verdicts": verdicts("proxy_overhead", result)})
     print(f"wrote {path}")
 
 

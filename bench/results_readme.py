@@ -16,9 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._verdicts import count_from_rate, wilson
+
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-SKIP_KEYS = {"machine", "generated_at", "what", "benchmark", "rounds", "results", "note"}
+SKIP_KEYS = {"machine", "generated_at", "what", "benchmark", "rounds", "results", "note", "verdicts"}
 
 
 def _num(value: Any) -> str:
@@ -29,6 +32,48 @@ def _num(value: Any) -> str:
     if value is None:
         return "–"
     return str(value)
+
+
+def _interval(interval: list[float] | None) -> str:
+    return f"{_num(interval[0])} to {_num(interval[1])}" if interval else "–"
+
+
+def _rate(k: int | None, n: int | None, value: float | None = None) -> str:
+    """A rate with its count and Wilson 95 % interval: `0.9778 (44/45, 0.88 to 0.996)`."""
+    if not n or k is None:
+        return f"{_num(value)} (n={n})" if n is not None else _num(value)
+    return f"{_num(round(k / n, 4))} ({k}/{n}, {_interval(wilson(k, n))})"
+
+
+def _verdict(record: dict[str, Any]) -> str:
+    if record.get("met") is None:
+        return str(record.get("status") or "not measured")
+    text = "yes" if record["met"] else "no"
+    if record.get("conclusive") is False:
+        text += " (the interval spans the target)"
+    if record.get("note"):
+        text += f"; {record['note']}"
+    return text
+
+
+def render_verdicts(data: dict[str, Any]) -> list[str]:
+    """Every target the file names: measured value, sample size, 95 % interval (rates), target, verdict."""
+    rows = [
+        [
+            r["figure"],
+            r["value"],
+            "not recorded" if r.get("n") is None else f"{r['n']} ({r['n_of']})" if r.get("n_of") else r["n"],
+            _interval(r.get("interval_95")),
+            r["target"],
+            _verdict(r),
+        ]
+        for r in data["verdicts"]
+    ]
+    met = sum(r["met"] is True for r in data["verdicts"])
+    missed = sum(r["met"] is False for r in data["verdicts"])
+    other = len(rows) - met - missed
+    head = f"Against the targets: {met} met, {missed} not met" + (f", {other} without a verdict" if other else "") + "."
+    return [head, "", *_table(["figure", "value", "n", "95 % interval", "target", "met"], rows)]
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -71,29 +116,6 @@ def render_peers(data: dict[str, Any]) -> list[str]:
     rss = data.get("peak_rss_mb") or {}
     if rss:
         lines += ["", "Peak RSS (VmHWM, MiB): " + ", ".join(f"{k} {_num(v)}" for k, v in rss.items())]
-    verdict = data.get("verdict") or {}
-    if verdict:
-        lines += ["", "Against the targets (" + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + "):", ""]
-        vrows = [
-            [
-                lvl.removeprefix("concurrency_"),
-                v["passthrough_added_p99_vs_litellm"],
-                v["passthrough_rps_vs_litellm"],
-                v["full_pipeline_rps_vs_litellm"],
-                ", ".join(k for k, ok in v["met"].items() if ok) or "none",
-            ]
-            for lvl, v in verdict.items()
-        ]
-        lines += _table(
-            [
-                "concurrency",
-                "pass-through added p99 / LiteLLM's",
-                "pass-through req/s ÷ LiteLLM",
-                "full pipeline req/s ÷ LiteLLM",
-                "met",
-            ],
-            vrows,
-        )
     if data.get("note"):
         lines += ["", f"Note: {data['note']}."]
     return lines
@@ -129,6 +151,31 @@ def render_proxy_overhead(data: dict[str, Any]) -> list[str]:
     )
 
 
+def render_front_doors(data: dict[str, Any]) -> list[str]:
+    rows = []
+    verdict = data.get("verdict") or {}
+    for level, r in data.get("results", {}).items():
+        if level == "edge_stream_ttfb":
+            continue
+        for name in ("chat", "messages", "responses", "responses_stored"):
+            t = r[name]
+            met = (verdict.get(level) or {}).get(name, {}).get("met")
+            rows.append([level.removeprefix("concurrency_"), name, t["p50_ms"], t["p99_ms"], t.get("added_p50_ms", 0.0),
+                         t.get("added_p99_ms", 0.0), t.get("added_self_p50_ms", 0.0), "–" if met is None else met])
+    lines = _table(["concurrency", "API", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "gateway's own added p50 ms",
+                    "target met"], rows)
+    ttfb = data.get("results", {}).get("edge_stream_ttfb")
+    if ttfb:
+        lines += ["", "Time to first byte of a streamed edge answer (bundled model, max_tokens 8, one at a time):", ""]
+        lines += _table(["API", "p50 ms", "p99 ms", "p50 ÷ chat's", "target met"],
+                        [[name, t["p50_ms"], t["p99_ms"], t.get("p50_ratio_to_chat", 1.0),
+                          (verdict.get("edge_stream_ttfb") or {}).get(name, {}).get("met", "–")]
+                         for name, t in ttfb.items()])
+    lines += ["", "Targets: " + "; ".join(f"{k} {v}" for k, v in data.get("targets", {}).items()) + ". "
+              "`responses_stored` is the Responses API's default `store: true`."]
+    return lines
+
+
 def render_shared_state(data: dict[str, Any]) -> list[str]:
     results = data.get("results", {})
     rows = []
@@ -162,7 +209,7 @@ def render_shared_state(data: dict[str, Any]) -> list[str]:
                         cache[name]["replicas"],
                         cache[name]["requests"],
                         cache[name]["hits"],
-                        cache[name]["hit_rate"],
+                        _rate(cache[name]["hits"], cache[name]["requests"]),
                     ]
                     for name in ("one_replica", "two_replicas_embedded", "two_replicas_redis")
                     if name in cache
@@ -175,7 +222,8 @@ def render_shared_state(data: dict[str, Any]) -> list[str]:
 def render_replay(data: dict[str, Any]) -> list[str]:
     totals = data["totals"]
     lines = [
-        f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate {_num(totals['cache_hit_rate'])}, "
+        f"{totals['requests']} requests, {totals['errors']} errors, cache hit rate "
+        f"{_rate(count_from_rate(totals['cache_hit_rate'], totals['requests']), totals['requests'], totals['cache_hit_rate'])}, "
         "upstream tokens avoided " + ", ".join(f"{k} {v}" for k, v in totals["upstream_tokens_avoided"].items()) + ".",
         "",
     ]
@@ -255,21 +303,19 @@ def render_edge_engine(data: dict[str, Any]) -> list[str]:
         + ", ".join(f"{k} {_num(v['peak_rss_mb'])}" for k, v in data["memory"].items())
         + ".",
     ]
-    lines += ["", "Against the targets:", ""]
-    lines += _table(
-        ["figure", "value", "target", "met"], [[name, r["value"], r["target"], r["met"]] for name, r in data["ratios"].items()]
-    )
     return lines
 
 
 def render_edge_kv_quality(data: dict[str, Any]) -> list[str]:
+    positions = data["setup"]["positions_compared"]
+    prompts = sum((data["setup"].get("prompts") or {}).values())
     rows = [
         [
             name,
-            r["top1_agreement"],
+            _rate(count_from_rate(r["top1_agreement"], positions), positions, r["top1_agreement"]),
             r["kl_mean"],
             r["kl_p99"],
-            r["greedy_text_identical"],
+            _rate(count_from_rate(r["greedy_text_identical"], prompts, 3), prompts, r["greedy_text_identical"]),
             r["greedy_tokens_before_first_difference"],
         ]
         for name, r in data["candidates"].items()
@@ -288,14 +334,20 @@ def render_edge_speculative(data: dict[str, Any]) -> list[str]:
         "b_everyday_c8": "everyday, concurrency 8",
         "c_grounded_c8": "input-grounded, concurrency 8",
     }
-    rows = [
-        [label, summary[key]["speedup"], summary[key]["acceptance_rate"], summary[key]["target"]]
-        for key, label in names.items()
-        if key in summary
-    ]
+    rows = []
+    for key, label in names.items():
+        if key not in summary:
+            continue
+        s = summary[key]
+        drafted, accepted = s.get("drafted"), s.get("accepted")
+        ratio = s["speedup"] if s["speedup"] is not None else "not exercised (no token drafted)"
+        rows.append([label, ratio, drafted, _rate(accepted, drafted, s["acceptance_rate"]), s.get("completion_tokens"), s["target"]])
     identical = ", ".join(f"{k} {v}" for k, v in summary.get("d_identical", {}).items())
-    lines = [f"Speculation on vs off, tokens/s ratio; greedy output identical: {identical}.", ""]
-    return lines + _table(["workload", "on / off", "acceptance", "target"], rows)
+    lines = [
+        f"Speculation on vs off, tokens/s ratio, only where drafts were made; greedy output identical: {identical}.",
+        "",
+    ]
+    return lines + _table(["workload", "on / off", "drafted", "accepted of drafted", "completion tokens", "target"], rows)
 
 
 def render_cache_quality(data: dict[str, Any]) -> list[str]:
@@ -313,17 +365,17 @@ def render_cache_quality(data: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 source,
-                shipped["precision"],
-                shipped["recall"],
-                shipped["served"],
-                rules["precision"],
-                rules["recall"],
-                cosine["precision"],
-                cosine["recall"],
+                _rate(shipped["true_hits"], shipped["served"], shipped["precision"]),
+                _rate(shipped["true_hits"], shipped["positives"], shipped["recall"]),
+                _rate(rules["true_hits"], rules["served"], rules["precision"]),
+                _rate(rules["true_hits"], rules["positives"], rules["recall"]),
+                _rate(cosine["true_hits"], cosine["served"], cosine["precision"]),
+                _rate(cosine["true_hits"], cosine["positives"], cosine["recall"]),
             ]
         )
+    lines += ["Precision = right hits / served pairs, recall = right hits / positive pairs; (count, Wilson 95 % interval).", ""]
     return lines + _table(
-        ["test source", "precision", "recall", "served", "rules only: precision", "recall", "cosine 0.90: precision", "recall"],
+        ["test source", "precision", "recall", "rules only: precision", "recall", "cosine 0.90: precision", "recall"],
         rows,
     )
 
@@ -335,15 +387,19 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
         tasks = ", ".join(f"{k} {v}" for k, v in gateway.get("tasks", {}).items())
         lines += [
             f"Through running gateways, model `auto`, an upstream that answers every task right ({tasks}); "
-            f"pinned to the edge the model is right on {_num(gateway['pinned_edge_accuracy'])} of them:",
+            "pinned to the edge the model is right on "
+            f"{_rate(count_from_rate(gateway['pinned_edge_accuracy'], sum(gateway.get('tasks', {}).values())), sum(gateway.get('tasks', {}).values()), gateway['pinned_edge_accuracy'])} of them:",
             "",
         ]
+        right_pinned = count_from_rate(gateway["pinned_edge_accuracy"], sum(gateway.get("tasks", {}).values()))
         rows = [
             [
                 name,
-                g["local_precision"],
-                g["local_recall"],
-                g["overall_accuracy"],
+                _rate(g.get("kept_local_right", count_from_rate(g["local_precision"], g["upstream_calls_saved"])),
+                      g.get("kept_local", g["upstream_calls_saved"]), g["local_precision"]),  # fmt: skip
+                _rate(count_from_rate(g["local_recall"], g.get("right_when_pinned", right_pinned) or 0),
+                      g.get("right_when_pinned", right_pinned), g["local_recall"]),  # fmt: skip
+                _rate(count_from_rate(g["overall_accuracy"], g["tasks"]), g["tasks"], g["overall_accuracy"]),
                 g["edge_share"],
                 g["cache_share"],
                 g["escalated"],
@@ -379,9 +435,15 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
     lines += ["Offline, from the engine's answers and the shipped thresholds (prior, confidence):", ""]
     rows = []
     for name, body in data["sets"].items():
+        items = body["items"]
+        right = count_from_rate(body.get("edge_accuracy"), items)
         for policy, r in body["policies"].items():
-            rows.append([name, policy, r["local_precision"], r["local_recall"], r["edge_share"], r["overall_accuracy"]])
-    lines += _table(["tasks", "decision", "local precision", "local recall", "edge share", "overall accuracy"], rows)
+            kept = round(r["kept"])
+            kept_right = count_from_rate(r["local_precision"], kept) if kept else None
+            rows.append([name, policy, _rate(kept_right, kept, r["local_precision"]),
+                         _rate(count_from_rate(r["local_recall"], right or 0), right, r["local_recall"]),
+                         r["edge_share"], r["overall_accuracy"], items])  # fmt: skip
+    lines += _table(["tasks", "decision", "local precision", "local recall", "edge share", "overall accuracy", "items"], rows)
     held = data["sets"].get("held_out_probes")
     if held:
         lines += [
@@ -393,23 +455,143 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_cache_latency(data: dict[str, Any]) -> list[str]:
+    names = {
+        "miss_c1": "miss (embed + search + verify), concurrency 1",
+        "miss_c32": "miss, concurrency 32",
+        "miss_search_verify_only_c1": "miss, search + verify only",
+        "hit_embed_and_lookup_c1": "hit, embed + lookup",
+        "hit_e2e_exact_c1": "hit through the gateway, exact repeat",
+        "hit_e2e_paraphrase_c1": "hit through the gateway, paraphrase",
+    }
+    rows = []
+    for key, label in names.items():
+        r = data.get(key)
+        if not r:
+            continue
+        hits = None
+        if "hit_rate" in r:
+            asked = round(r["n"] / r["hit_rate"]) if r["hit_rate"] else None
+            hits = _rate(r["n"], asked, r["hit_rate"]) if asked else _num(r["hit_rate"])
+        rows.append([label, r.get("n"), r.get("p50_ms"), r.get("p99_ms"), hits])
+    verify = data.get("verify_per_lookup") or {}
+    lines = [f"{data.get('entries')} cache entries, embedder backend {data.get('embed_backend')}; latencies over n samples "
+             "(through the gateway: n = the hits; hit rate = hits / lookups).", ""]  # fmt: skip
+    lines += _table(["figure", "n", "p50 ms", "p99 ms", "hit rate"], rows)
+    if verify:
+        lines += [
+            "",
+            f"Learned verifier per lookup ({verify['n']} lookups, {_num(verify['candidates_mean'])} candidates on average): "
+            f"adds p50 {_num(verify['added_by_learned_p50_ms'])} / p99 {_num(verify['added_by_learned_p99_ms'])} ms over the "
+            f"rules alone; serves {_num(verify['served_rate_learned'])} of the lookups.",
+        ]
+    return lines
+
+
 def render_edge_invalid_output(data: dict[str, Any]) -> list[str]:
-    inv, js = data["invalid"], data["json_mode"]
-    rows = [[k.replace("_", " "), v["count"], v["share"]] for k, v in inv.items()]
+    crit = data["criterion"]
     lines = [
-        f"{data['prompts']} everyday prompts, greedy, max_tokens {data['max_tokens']}; invalid = a loop, or "
-        f"max_tokens reached while repeating. Reduction for `auto` traffic: {_num(data['invalid_reduction_auto'])}.",
+        f"{data['prompts']} everyday prompts, each sent to both gateways, greedy, max_tokens {data['max_tokens']}; the "
+        "upstream is llama.cpp's server with the same model. Invalid = more than "
+        f"{_num(crit['rep4_max'])} of the served text's word 4-grams repeat an earlier one, or its raw / zlib bytes exceed "
+        f"{_num(crit['compression_max'])} (answers of {crit['compression_min_bytes']} bytes or more).",
         "",
     ]
-    lines += _table(["edge answers", "invalid", "share"], rows)
-    lines += [
+
+    def cell(share: dict[str, Any]) -> str:
+        return _rate(share["count"], share["n"], share["share"])
+
+    rows = []
+    for name in ("before", "after"):
+        r = data[name]
+        lanes = ", ".join(f"{lane} {_rate(v['invalid']['count'], v['served'])}" for lane, v in r["by_lane"].items())
+        rows.append([name, cell(r["invalid"]), cell(r["invalid_rep4"]), cell(r["invalid_compression"]),
+                     cell(r["finish_length"]), r["escalated"], r["errors"], lanes])  # fmt: skip
+    lines += _table(
+        ["gateway", "invalid served", "by rep-4", "by compression", "ended at max_tokens", "escalated", "errors",
+         "invalid by serving lane"],
+        rows,
+    )  # fmt: skip
+    paired = data.get("paired")
+    if paired:
+        lines += [
+            "",
+            f"Same prompts, paired ({paired['prompts']}): invalid before only {paired['invalid_before_only']}, after only "
+            f"{paired['invalid_after_only']}, both {paired['invalid_both']}.",
+        ]
+    return lines
+
+
+def render_hostile_inputs(data: dict[str, Any]) -> list[str]:
+    schemas, outage = data["schemas"], data["outage"]
+    plain = schemas["plain_edge_other_tenant"]
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(schemas["statuses"].items()))
+    slowest = schemas["slowest_hostile_request"]
+    lines = [
+        f"{schemas['cases']} hostile schemas ({', '.join(schemas['families'])}; sizes {', '.join(_num(n) for n in schemas['sizes'])}), "
+        f"on `auto` and pinned to the edge: {statuses}; process deaths {schemas['process_deaths']}, 5xx "
+        f"{schemas['responses_5xx']}; slowest {slowest['seconds']} s ({slowest['case']}).",
         "",
-        f"JSON mode ({js['prompts']} prompts): parse without grammar {_num(js['parse_share_without_grammar'])}, "
-        f"with grammar {_num(js['parse_share_with_grammar'])} ({_num(js['parse_share_with_grammar_of_finished'])} of "
-        f"the answers that ended on their own; {js['with_grammar_ended_by_max_tokens']} ended at max_tokens or in a "
-        "loop, which `auto` traffic escalates).",
+        *_table(["another tenant's plain edge request", "n", "p50 ms", "p99 ms"],
+                [[name.replace("_", " "), plain[key]["n"], plain[key]["p50_ms"], plain[key]["p99_ms"]]
+                 for key, name in (("quiet", "no hostile traffic"), ("during_hostile", "during the hostile run"))]),
+        "",
+        f"Store outage: {outage['setup']}.",
+        "",
+        *_table(["on_outage", "left at the pause", "asked during it", "admitted during it", "beyond the limit", "per replica"],
+                [[mode, r["left_at_pause"], r["asked_during_pause"], r["admitted_during_pause"], r["beyond_limit"],
+                  r["beyond_limit_per_replica"]] for mode, r in outage["modes"].items()]),
     ]
     return lines
+
+
+def render_image(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"`{data['image']}` built with {data['engine']} over `{data.get('base_image')}`: `make image` "
+        f"{_num(data.get('build_wall_s'))} s wall (wheelhouse {_num(data.get('wheelhouse_s'))} s, base image "
+        f"{_num(data.get('base_image_s'))} s (0: reused), Dockerfile build {_num(data.get('dockerfile_build_s'))} s).",
+        "",
+    ]
+    lines += [f"Checks ({data['checks_passed']} passed):", ""]
+    lines += _table(["check", "passed"], [[name, ok] for name, ok in data["checks"].items()])
+    space = data.get("space_mb") or {}
+    if space:
+        lines += ["", "What takes the space (MB): " + ", ".join(f"{k} {_num(v)}" for k, v in space.items())]
+    return lines
+
+
+def render_tiers(data: dict[str, Any]) -> list[str]:
+    """Upstream tiers through the gateway: the shipped target per source, then the cost-quality curve."""
+    pricing = list((data.get("setup") or {}).get("pricing") or {})
+    rows = []
+    for source in ("mmlu", "alpaca"):
+        d = data.get(source) or {}
+        at = d.get("at_shipped_target") or {}
+        costs = at.get("cost_vs_all_strong") or {}
+        rows.append([source, d.get("rows"), at.get("strong_share"), at.get("quality_vs_all_strong"),
+                     at.get("random_quality_vs_all_strong"),
+                     *(f"{_num(costs.get(m, {}).get('router'))} (random {_num(costs.get(m, {}).get('random'))})" for m in pricing)])
+    lines = [f"At the shipped target ({(data.get('setup') or {}).get('router_target')}); cost as a fraction of all-strong, "
+             "prices in the file's `setup.pricing`:", ""]
+    lines += _table(["source", "rows", "strong share", "quality vs all-strong", "random, same share", *pricing], rows)
+    for source in ("mmlu", "alpaca"):
+        curve = (data.get(source) or {}).get("curve") or []
+        lines += ["", f"Cost-quality curve, {source} (cost: per token, cost tier 1/10):", ""]
+        lines += _table(["target share", "strong share", "quality", "random quality", "cost", "random cost"],
+                        [[p["target_max_strong_share"], p["strong_share"], p["quality_vs_all_strong"],
+                          p["random_quality_vs_all_strong"], p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"],
+                          p["cost_vs_all_strong"]["per_token_cost_1_10"]["random"]] for p in curve])
+    return lines
+
+
+def render_edge_escalation_ttfb(data: dict[str, Any]) -> list[str]:
+    """Time to first byte with the edge never tried vs tried and always escalated."""
+    runs = data.get("runs") or {}
+    rows = [[name, kind, r.get("requests"), r.get("escalated"), (r.get("ttfb_ms") or {}).get("p50"), (r.get("ttfb_ms") or {}).get("p90")]
+            for name, run in runs.items() for kind, r in run.items()]  # fmt: skip
+    cost = data.get("escalation_ttfb_cost_ms") or {}
+    rows += [["cost of a failed attempt", kind, "", "", c.get("p50"), c.get("p90")] for kind, c in cost.items()]
+    return _table(["run", "answer", "requests", "escalated", "ttfb p50 ms", "ttfb p90 ms"], rows)
 
 
 def render_generic(data: dict[str, Any]) -> list[str]:
@@ -427,8 +609,10 @@ def render_generic(data: dict[str, Any]) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "cache_latency": render_cache_latency,
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,
+    "front_doors": render_front_doors,
     "shared_state": render_shared_state,
     "demo": render_replay,
     "edge_engine": render_edge_engine,
@@ -437,6 +621,10 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_quality": render_cache_quality,
     "edge_quality": render_edge_quality,
     "edge_invalid_output": render_edge_invalid_output,
+    "hostile_inputs": render_hostile_inputs,
+    "image": render_image,
+    "tiers": render_tiers,
+    "edge_escalation_ttfb": render_edge_escalation_ttfb,
 }
 
 
@@ -469,6 +657,8 @@ def render(results_dir: Path) -> str:
         except (KeyError, TypeError) as exc:
             parts += render_generic(data)
             print(f"results_readme: {path.name} has an unexpected shape ({exc!r}); listed generically", file=sys.stderr)
+        if data.get("verdicts"):
+            parts += ["", *render_verdicts(data)]
         parts.append("")
     parts.append(END)
     return "\n".join(parts)

@@ -13,6 +13,8 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._verdicts import verdicts
 from policies.policy import Policy
 from policies.router import RoutePolicy, Router
 from policies.router.data import load_mmlu, shared_data_dir
@@ -117,6 +119,7 @@ def main() -> int:
         "p99_met": bool(np.percentile(np.asarray(decide_s) * 1e6, 99) <= 1000),
         "sklearn_path_same_model_us": percentiles(sk_s) if sk_s else None,
     }
+    result["verdicts"] = verdicts("router_latency", result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: result[k] for k in ("score_us", "score_cpu_us", "score_and_decide_us", "sklearn_path_same_model_us", "load_average_1m")}))

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._verdicts import verdicts
 from policies.policy import Policy
 from policies.router import RoutePolicy, Router
 from policies.router.data import default_cache_dir, shared_data_dir
@@ -94,6 +96,7 @@ def main() -> int:
         "detail": {"held_out": report,
                    "selection_candidates": {c["name"]: c["selection"] for c in manifest.get("candidates", [])}},
     }
+    result["verdicts"] = verdicts("router", result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: result[k] for k in ("held_out_mmlu", "held_out_alpaca", "strong_share_error", "at_default_policy")}))

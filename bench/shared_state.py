@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import REPO, free_port, gateway_cmd, load, load_at_rate, start, stop, summary_ms, write
+from bench._verdicts import verdicts
 
 MODEL = "fast-model"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "What is six times seven?"}], "max_tokens": 16}
@@ -325,7 +326,7 @@ def main() -> None:
         stop(upstream)
         valkey.kill()
         valkey.wait(10)
-    path = write("shared_state", {
+    result: dict[str, Any] = {
         "what": "state.backend redis vs embedded: added latency on the budgets path (admit on the response path; "
                 "settle and the fleet usage write after it) and on the budgets and exact cache hit path, how many "
                 "requests two replicas admit under one tenant limit, and the cache hit rate of a repeated-question "
@@ -336,7 +337,8 @@ def main() -> None:
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "requests_per_backend": args.requests,
         "results": results,
-    })  # fmt: skip
+    }  # fmt: skip
+    path = write("shared_state", {**result, "verdicts": verdicts("shared_state", result)})
     print(f"wrote {path}")
 
 

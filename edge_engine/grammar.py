@@ -249,6 +249,7 @@ class GrammarCompiler:
         self._verified: set[str] = set()  # grammar texts that passed every check (for the engine's submit)
         self._lock = threading.Lock()
         self._pending: dict[bytes, asyncio.Future[str | InvalidInput | None]] = {}
+        self._waiters: dict[bytes, int] = {}  # requests awaiting each pending compile (event loop only)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-grammar")
         self.compiled_total = 0
         self.refused_total = 0
@@ -300,10 +301,19 @@ class GrammarCompiler:
             loop = asyncio.get_running_loop()
             pending = asyncio.ensure_future(loop.run_in_executor(self._executor, self._compile_now, key, dict(response_format)))
             self._pending[key] = pending
-            pending.add_done_callback(lambda _: self._pending.pop(key, None))
-        # NOTE: shielded: a client that leaves does not cancel the compile another request awaits;
-        # the work itself is bounded, and its result is cached for the next ask.
-        return await self._bounded(asyncio.shield(pending))
+            self._waiters[key] = 0
+            pending.add_done_callback(lambda _: (self._pending.pop(key, None), self._waiters.pop(key, None)))
+        # NOTE: shielded, so a client that leaves does not cancel the compile other requests await;
+        # when the last one waiting leaves, a compile that has not started yet is cancelled (one that
+        # runs is bounded and its result cached for the next ask).
+        self._waiters[key] = self._waiters.get(key, 0) + 1
+        try:
+            return await self._bounded(asyncio.shield(pending))
+        finally:
+            left = self._waiters.get(key, 1) - 1
+            self._waiters[key] = left
+            if left <= 0 and not pending.done():
+                pending.cancel()
 
     async def _bounded(self, work: Any) -> str | InvalidInput | None:
         try:

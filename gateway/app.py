@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from gateway.apis import messages, responses
 from gateway.auth import KeyTable
 from gateway.components import COMPONENTS
-from gateway.keys import MODELS, PIPELINE, SERVICES, SETTINGS
+from gateway.keys import ERROR_FORMATS, MODELS, PIPELINE, SERVICES, SETTINGS
 from gateway.middleware import build_middleware
 from gateway.pipeline import order
 from gateway.pipeline.resolve import ModelCatalog
@@ -36,7 +37,10 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
         client_max_size=settings.server.max_body_bytes,
     )
     app[SETTINGS] = settings
+    app[ERROR_FORMATS] = {}
     openai.add_routes(app)
+    messages.add_routes(app)
+    responses.add_routes(app)
     health.add_routes(app)
     usage.add_routes(app)
     shadow.add_routes(app)

@@ -46,7 +46,7 @@ class KeyTable:
         key = _bearer(authorization) or (api_key_header or "").strip()
         if not key:
             raise AuthenticationFailed(
-                "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+                "missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')", code="missing_api_key"
             )
         digest = hash_key(key)
         principal = self._by_digest.get(digest)

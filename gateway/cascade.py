@@ -19,6 +19,7 @@ from edge_engine import TokenInfo
 from gateway.context import RequestContext, request_prompt
 from policies.cascade import CascadePolicy, CascadeSection, CascadeTarget
 from policies.domain import EdgeCheck
+from policies.edge_feedback import EdgeFeedback, FeedbackSettings, Gate
 from policies.edge_quality.model import EdgeCalibration
 from policies.policy import Policy
 from policies.router.features import last_user_text
@@ -79,6 +80,7 @@ class Cascade:
     def __init__(self, policy: Policy, calibration: EdgeCalibration | None) -> None:
         self.policy = CascadePolicy(policy)
         self.calibration = calibration
+        self.feedback = EdgeFeedback()
 
     async def close(self) -> None:
         return None
@@ -90,6 +92,37 @@ class Cascade:
         """Whether the calibration (not the router) decides edge vs upstream for this `auto` request."""
         rules = self.rules(ctx)
         return self.calibration is not None and rules.enabled and rules.edge_decision == "calibration"
+
+    @staticmethod
+    def _learn(rules: CascadeSection) -> FeedbackSettings | None:
+        learn = rules.learn
+        if not learn.enabled:
+            return None
+        return FeedbackSettings(
+            enabled=True, memory=learn.memory, neighbours=learn.neighbours, min_neighbours=learn.min_neighbours,
+            similarity=learn.similarity, escalated_share=learn.escalated_share, window=learn.window,
+            step=learn.step, explore_every=learn.explore_every,
+        )
+
+    def learned_gate(self, ctx: RequestContext, embedding: Any, prior: float, threshold: float) -> Gate | None:
+        """What the verdicts so far say of a prompt the calibration lets onto the edge (None: learning off)."""
+        settings = self._learn(self.rules(ctx))
+        if settings is None:
+            return None
+        key = (ctx.principal.tenant, ctx.principal.app)
+        return self.feedback.gate(key, np.asarray(embedding, dtype=np.float32), prior, threshold, settings)
+
+    def observe(self, ctx: RequestContext, saved_edge: float) -> None:
+        """Learn from a finished `auto` request that tried the edge: kept or escalated, and its edge saving."""
+        check = ctx.edge_check
+        if not ctx.auto or ctx.embedding is None or check is None:
+            return
+        tried = check.escalated or (ctx.lane == "edge" and ctx.route is not None and ctx.route.reason == "calibration_edge")
+        settings = self._learn(self.rules(ctx))
+        if not tried or settings is None:
+            return
+        key = (ctx.principal.tenant, ctx.principal.app)
+        self.feedback.record(key, np.asarray(ctx.embedding, dtype=np.float32), check.escalated, saved_edge, settings)
 
     def prior_threshold(self, ctx: RequestContext) -> float:
         return self._threshold("prior", self.rules(ctx).prior)

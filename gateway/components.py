@@ -93,6 +93,12 @@ async def _cascade(settings: Settings, policy: Policy) -> Any:
     return Cascade(policy, load_for_model(settings.edge.resolved_model_path(), path))
 
 
+async def _responses(settings: Settings, policy: Policy) -> Any:
+    from gateway.apis.response_store import open_store
+
+    return await open_store(settings)
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
@@ -100,4 +106,5 @@ COMPONENTS: list[Component] = [
     Component("embedder", lambda s, p: s.embedder.enabled, _embedder),
     Component("cache", _cache_on, _cache),
     Component("cascade", lambda s, p: s.edge.enabled, _cascade),
+    Component("responses", lambda s, p: True, _responses),
 ]

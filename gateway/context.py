@@ -15,9 +15,12 @@ from policies.router.features import Prompt
 if TYPE_CHECKING:
     from gateway.pipeline.runner import ModelCall
 
-__all__ = ["Answer", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
+__all__ = ["Answer", "Api", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
 
 Operation = Literal["chat", "completions", "embeddings"]
+# The wire API a request came in through: the OpenAI endpoints (named by their operation), or a
+# front door that translates into the chat operation. Attribution only: no stage reads it.
+Api = Literal["chat", "completions", "embeddings", "messages", "responses"]
 
 
 @dataclass(slots=True)
@@ -33,6 +36,9 @@ class Answer:
     chunks: AsyncGenerator[dict[str, Any], None] | None = None
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    # An upstream that served the client's API natively: its whole answer as the client gets it
+    # (`body` then holds the same answer in the chat shape, for the completion hooks).
+    native: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -44,12 +50,14 @@ class RequestContext:
     body: dict[str, Any]  # the request as it will be sent onward; stages may rewrite it
     headers: Mapping[str, str]
     principal: Principal
-    model: str  # the model name the client asked for
+    model: str  # the model name the client asked for (after the settings' model_aliases)
     stream: bool = False
+    api: Api = "chat"  # the wire API it came in through (attribution: spans and the ledger)
     received_at: float = field(default_factory=time.perf_counter)
     lane: str = "upstream"  # cache | edge | upstream
     target_model: str | None = None  # the model the lane is asked for
     pool: str | None = None  # upstream pool name when lane == upstream
+    tier: str | None = None  # upstream tier ("cost" | "strong") the router picked, when the policy has tiers
     embedding: Any = None  # numpy vector of the last user turn, shared by cache and router
     route: RouteDecision | None = None
     requested_route: RouteRequest | None = None  # x-tierlane-route, validated once by the resolve stage
@@ -60,13 +68,17 @@ class RequestContext:
     usage: Usage | None = None
     first_token_at: float | None = None
     lane_seconds: float = 0.0  # time spent waiting on the lane (not gateway overhead)
+    edge_seconds: float = 0.0  # of lane_seconds: the edge's time on an answer the cascade escalated
+    strong_target: tuple[str | None, str | None] | None = None  # (pool, model) of the strong tier: a counterfactual
     attributes: dict[str, Any] = field(default_factory=dict)  # extra span attributes, nothing else
     response_headers: dict[str, str] = field(default_factory=dict)  # headers stages add to the answer
     model_span: ModelCall | None = None  # the lane call's span; finished when the answer ends
     edge_check: EdgeCheck | None = None  # the cascade's check of an edge answer (auto requests)
     edge_prior: float | None = None  # the calibration's prior that the edge answers this right
     fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
+    fallback_tier: str | None = None  # the upstream tier of `fallback`, when the policy has tiers
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
+    native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)

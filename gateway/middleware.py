@@ -13,7 +13,7 @@ from aiohttp.typedefs import Middleware
 
 from gateway.auth import KeyTable
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, as_gateway_error, render_unexpected
-from gateway.keys import CONTEXT, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES, SETTINGS
+from gateway.keys import CONTEXT, ERROR_FORMATS, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SERVICES, SETTINGS, ErrorFormat
 from gateway.respond import lane_header
 from policies.errors import PolicyError
 
@@ -34,11 +34,28 @@ def needs_key(request: web.Request) -> bool:
     if request.path in UNAUTHENTICATED:
         return False
     if request.path in KEY_OPTIONAL:
-        return bool(request.headers.get("Authorization") or request.headers.get("api-key"))
+        return bool(request.headers.get("Authorization") or api_key_header(request))
     if request.path == METRICS_PATH:
         settings = request.app.get(SETTINGS)
         return settings is None or settings.telemetry.metrics_auth != "none"
     return True
+
+
+def api_key_header(request: web.Request) -> str | None:
+    """A key sent without `Authorization`: Azure's `api-key` or Anthropic's `x-api-key`."""
+    return request.headers.get("api-key") or request.headers.get("x-api-key")
+
+
+def error_format(request: web.Request) -> ErrorFormat | None:
+    """The error shape of the API the request's path belongs to; None: OpenAI's."""
+    formats = request.app.get(ERROR_FORMATS)
+    if not formats:
+        return None
+    path = request.path
+    for prefix, render in formats.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return render
+    return None
 
 
 def request_id(request: web.Request) -> str:
@@ -46,7 +63,13 @@ def request_id(request: web.Request) -> str:
     return given if _REQUEST_ID.match(given) else "req_" + uuid.uuid4().hex
 
 
-def error_response(err: GatewayError, rid: str, received: float, extra: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    err: GatewayError,
+    rid: str,
+    received: float,
+    extra: dict[str, str] | None = None,
+    render: ErrorFormat | None = None,
+) -> web.Response:
     headers = {
         **err.headers(),
         "x-request-id": rid,
@@ -55,7 +78,8 @@ def error_response(err: GatewayError, rid: str, received: float, extra: dict[str
     }
     if extra:
         headers.update(extra)
-    return web.Response(body=err.json_bytes(), status=err.status, content_type="application/json", headers=headers)
+    body = err.json_bytes() if render is None else render(err, rid)
+    return web.Response(body=body, status=err.status, content_type="application/json", headers=headers)
 
 
 def build_middleware(keys: KeyTable) -> Middleware:
@@ -78,35 +102,36 @@ def build_middleware(keys: KeyTable) -> Middleware:
         rid = request_id(request)
         request[REQUEST_ID] = rid
         request[RECEIVED_AT] = received
+        # NOTE: every error of a front door's path (auth, 404, 405, 413 included) is rendered in
+        # that API's own shape, so its SDK parses it into its own exception types.
+        render = error_format(request)
         try:
             if needs_key(request):
-                request[PRINCIPAL] = keys.resolve(
-                    request.headers.get("Authorization"), request.headers.get("api-key")
-                )
+                request[PRINCIPAL] = keys.resolve(request.headers.get("Authorization"), api_key_header(request))
             return await handler(request)
         except (GatewayError, PolicyError) as exc:
             err = as_gateway_error(exc) or render_unexpected(exc)
             ctx = request.get(CONTEXT)
             extra = {"x-tierlane-lane": lane_header(ctx)} if ctx is not None else None
-            return error_response(err, rid, received, extra)
+            return error_response(err, rid, received, extra, render)
         except web.HTTPRequestEntityTooLarge:
             limit = request.app[SETTINGS].server.max_body_bytes
             err = PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
-            return error_response(err, rid, received)
+            return error_response(err, rid, received, render=render)
         except web.HTTPNotFound:
-            return error_response(NotFound(f"no route for {request.method} {request.path}"), rid, received)
+            return error_response(NotFound(f"no route for {request.method} {request.path}"), rid, received, render=render)
         except web.HTTPMethodNotAllowed as exc:
             err = InvalidRequest(
                 f"method {request.method} is not allowed on {request.path}", status=405, code="method_not_allowed"
             )
-            return error_response(err, rid, received, {"Allow": ",".join(sorted(exc.allowed_methods))})
+            return error_response(err, rid, received, {"Allow": ",".join(sorted(exc.allowed_methods))}, render)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             err = GatewayError(exc.reason or "request failed", status=exc.status, type="invalid_request_error")
-            return error_response(err, rid, received)
+            return error_response(err, rid, received, render=render)
         except Exception as exc:
             log.exception("unhandled error in request %s", rid)
-            return error_response(render_unexpected(exc), rid, received)
+            return error_response(render_unexpected(exc), rid, received, render=render)
 
     return gateway_middleware

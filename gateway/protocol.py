@@ -6,7 +6,7 @@ this gateway does not know about pass through untouched.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
@@ -177,10 +177,13 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def validate(operation: str, body: dict[str, Any], *, max_n: int) -> WireRequest:
-    """The validated wire model of `body` for `operation`; raises InvalidRequest with `param`."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def check(model_type: type[M], body: Any) -> M:
+    """`body` validated as `model_type`; raises InvalidRequest naming the first bad parameter."""
     try:
-        model = _MODELS[operation].model_validate(body)
+        return model_type.model_validate(body)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # of a union's branches, the one that got furthest into the value says the most
@@ -192,6 +195,11 @@ def validate(operation: str, body: dict[str, Any], *, max_n: int) -> WireRequest
             param=param or None,
             code="invalid_value" if first["type"] != "missing" else "missing_required_parameter",
         ) from None
+
+
+def validate(operation: str, body: dict[str, Any], *, max_n: int) -> WireRequest:
+    """The validated wire model of `body` for `operation`; raises InvalidRequest with `param`."""
+    model = check(_MODELS[operation], body)
     n = getattr(model, "n", None)
     if n is not None and n > max_n:
         raise InvalidRequest(f"'n' must be at most {max_n}", param="n", code="invalid_value")

@@ -1,11 +1,16 @@
-"""Turning an Answer into the HTTP response: JSON, or SSE relayed chunk by chunk."""
+"""Turning an Answer into the HTTP response: JSON, or SSE relayed chunk by chunk.
+
+Lanes answer in the chat-completions shape; a `WireFormat` renders that in the API the client
+called (OpenAI's own by default, or a front door's), while the completion hooks always see the
+chat-shaped answer, so caching and metering never depend on the wire.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -13,6 +18,7 @@ from aiohttp import web
 from gateway.assemble import StreamAssembler
 from gateway.context import Answer, Outcome, RequestContext
 from gateway.errors import GatewayError, as_gateway_error, render_unexpected
+from gateway.keys import CONTEXT, PIPELINE
 from gateway.pipeline.runner import Pipeline
 from policies.errors import PolicyError
 
@@ -27,8 +33,85 @@ DONE_FRAME = b"data: [DONE]\n\n"
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 
 
+class StreamEncoder(Protocol):
+    """Renders one answer's chat chunks as the SSE frames of an API (stateful, one per stream)."""
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        """The frames for one chat chunk (may be empty)."""
+        ...
+
+    async def end(self, response: dict[str, Any]) -> bytes:
+        """The closing frames, given the whole answer assembled from the chunks."""
+        ...
+
+    def error(self, err: GatewayError) -> bytes:
+        """The one frame that ends a stream that failed after it started."""
+        ...
+
+
+class WireFormat(Protocol):
+    """How an API renders the pipeline's chat-shaped answers."""
+
+    async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON answer for a whole (status 200) chat answer."""
+        ...
+
+    def encoder(self, ctx: RequestContext) -> StreamEncoder:
+        ...
+
+
+class _ChatEncoder:
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def end(self, response: dict[str, Any]) -> bytes:
+        return DONE_FRAME
+
+    def error(self, err: GatewayError) -> bytes:
+        return err.sse_frame()
+
+
+class OpenAIWire:
+    """The OpenAI endpoints: answers go out as the lanes made them."""
+
+    async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def encoder(self, ctx: RequestContext) -> StreamEncoder:
+        return _ChatEncoder()
+
+
+OPENAI = OpenAIWire()
+
+
+async def serve(request: web.Request, ctx: RequestContext, wire: WireFormat = OPENAI) -> web.StreamResponse:
+    """Run ctx through the pipeline and answer in `wire`'s format.
+
+    From here every way out (an answer, an error, a client gone, a bug) completes the request
+    exactly once: one ledger row, and the budget reservation settled or released.
+    """
+    request[CONTEXT] = ctx
+    pipeline = request.app[PIPELINE]
+    try:
+        answer = await pipeline.answer(ctx)
+        return await deliver(request, ctx, answer, pipeline, wire)
+    except (GatewayError, PolicyError) as exc:
+        err = as_gateway_error(exc) or render_unexpected(exc)
+        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
+        raise err from None
+    except (asyncio.CancelledError, ConnectionError):
+        pipeline.complete(ctx, Outcome(status=499, response=None, complete=False, error_code="client_closed_request"))
+        raise
+    except Exception as exc:
+        err = render_unexpected(exc)
+        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
+        raise
+
+
 def lane_header(ctx: RequestContext) -> str:
     lane = ctx.lane if ctx.lane != "upstream" or not ctx.pool else f"upstream:{ctx.pool}"
+    if ctx.lane == "upstream" and ctx.tier is not None:
+        lane += f"; tier={ctx.tier}"  # e.g. `upstream:critical; tier=strong; score=0.612; reason=router_strong`
     route = ctx.route
     check = ctx.edge_check
     if check is not None and check.confidence is not None:
@@ -61,11 +144,17 @@ def _finish_reasons(body: dict[str, Any]) -> list[str]:
     return [c["finish_reason"] for c in choices if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
 
 
-async def deliver(request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline) -> web.StreamResponse:
+async def deliver(
+    request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline, wire: WireFormat = OPENAI
+) -> web.StreamResponse:
     if answer.chunks is None:
         body = answer.body or {}
+        if answer.native is not None:
+            shown = answer.native
+        else:
+            shown = await wire.body(ctx, body) if answer.status == 200 and wire is not OPENAI else body
         response = web.Response(
-            body=orjson.dumps(body),
+            body=orjson.dumps(shown),
             status=answer.status,
             content_type="application/json",
             headers=answer_headers(ctx, answer.headers),
@@ -75,10 +164,12 @@ async def deliver(request: web.Request, ctx: RequestContext, answer: Answer, pip
             Outcome(status=answer.status, response=body, complete=answer.status == 200, finish_reasons=_finish_reasons(body)),
         )
         return response
-    return await _stream(request, ctx, answer, pipeline)
+    return await _stream(request, ctx, answer, pipeline, wire.encoder(ctx))
 
 
-async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline, encoder: StreamEncoder
+) -> web.StreamResponse:
     chunks = answer.chunks
     assert chunks is not None
     assembler = StreamAssembler()
@@ -103,18 +194,18 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
             assembler.add(first)
             if charge is not None:
                 charge(ctx, first)
-            await response.write(b"data: " + orjson.dumps(first) + b"\n\n")
+            await _write(response, encoder.chunk(first))
             async for chunk in chunks:
                 assembler.add(chunk)
                 if charge is not None:
                     charge(ctx, chunk)
-                await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        await response.write(DONE_FRAME)
+                await _write(response, encoder.chunk(chunk))
+        await response.write(await encoder.end(assembler.response()))
         outcome.complete = True
     except (GatewayError, PolicyError) as exc:
         err = as_gateway_error(exc) or render_unexpected(exc)
         outcome.status, outcome.error_code = err.status, err.code or err.type
-        await _try_write(response, err.sse_frame())
+        await _try_write(response, encoder.error(err))
     except (asyncio.CancelledError, *_CLIENT_GONE):
         outcome.status, outcome.error_code = 499, "client_closed_request"
         raise
@@ -122,7 +213,7 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
         log.exception("stream failed for request %s", ctx.request_id)
         err = render_unexpected(exc)
         outcome.status, outcome.error_code = err.status, err.code or err.type
-        await _try_write(response, err.sse_frame())
+        await _try_write(response, encoder.error(err))
     finally:
         await chunks.aclose()
         outcome.response = assembler.response() if assembler.chunks else None
@@ -130,6 +221,11 @@ async def _stream(request: web.Request, ctx: RequestContext, answer: Answer, pip
         ctx.attributes["tierlane.stream.completed_at"] = time.perf_counter()
         pipeline.complete(ctx, outcome)
     return response
+
+
+async def _write(response: web.StreamResponse, frames: bytes) -> None:
+    if frames:
+        await response.write(frames)
 
 
 async def _try_write(response: web.StreamResponse, frame: bytes) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
+    from gateway.apis.response_store import ResponseStore
     from gateway.cascade import Cascade
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
@@ -30,3 +31,4 @@ class Services:
     router: Router | None = None  # the complexity router (loaded by the route stage when None)
     telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets
     cascade: Cascade | None = None  # the edge lane's calibrated decision and confidence check
+    responses: ResponseStore | None = None  # stored responses of the Responses API

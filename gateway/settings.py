@@ -92,12 +92,20 @@ class AuthSettings(_Strict):
         return self
 
 
+NativeApi = Literal["chat", "messages"]
+
+
 class UpstreamSettings(_Strict):
     name: str
     base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1")
     api_key_env: str | None = Field(None, description="environment variable holding the upstream key")
     pass_client_auth: bool = Field(False, description="forward the client's own Authorization header")
     models: list[str] = Field(default_factory=lambda: ["*"], description='model names served; "*" = any')
+    apis: list[NativeApi] = Field(
+        default_factory=lambda: list[NativeApi](["chat"]),
+        description="APIs served natively: chat (OpenAI's, always), messages (Anthropic's /messages): a Messages request "
+        "routed to a pool whose every upstream (fallbacks included) serves it gets the client's body as sent, model mapped",
+    )
     pool: str = "default"
     connect_timeout_s: float = Field(3.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0, description="longest silence between bytes")
@@ -215,6 +223,12 @@ class StateSettings(_Strict):
         return value
 
 
+class ResponsesSettings(_Strict):
+    """Stored responses of the Responses API (`store: true`, the API's default)."""
+
+    ttl_s: float = Field(30 * 86400.0, gt=0, description="a stored response is deleted this long after it was made")
+
+
 class Settings(_Strict):
     """Everything the gateway is configured with."""
 
@@ -227,6 +241,12 @@ class Settings(_Strict):
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="client model name (globs: * ? [..]) -> auto, a lane's model or an upstream model; "
+        "exact names first, then globs in order; a glob never renames a model the gateway serves by name",
+    )
     policy_file: Path | None = None
     policy: dict[str, Any] = Field(default_factory=dict, description="inline policy sections")
 

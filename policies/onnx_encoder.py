@@ -121,6 +121,9 @@ def export(model_dir: Path, out_path: Path) -> Path:
         cosines = np.concatenate([(got[: len(PROBES)] * want).sum(1), [float(got[-1] @ want[1])]])
         if float(cosines.min()) < MIN_PROBE_COSINE:
             raise RuntimeError(f"exported embedder disagrees with sentence-transformers: cosines {cosines.round(6)}")
+        # mkstemp makes it 0600: readable by every user, as another user may run the gateway than
+        # the one that exported (an image exports as root at build time).
+        tmp.chmod(0o644)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -88,37 +88,27 @@ class OutageShare:
             left: Left = known.left if known is not None else (None, None, 0.0, 0.0)
             new_day = known is not None and known.day != today
             new_month = known is not None and known.day[:7] != today[:7]
-            rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-            if rpm is not None:
-                start = rpm if left[0] is None else left[0]
-                if used.requests + 1 > (max(0.0, start) + rpm * refill) / n:
+            rates = (("requests", limits.requests_per_minute, left[0], used.requests + 1),
+                     ("tokens", limits.tokens_per_minute, left[1], used.tokens + tokens))
+            for unit, per_minute, known_left, wanted in rates:
+                if per_minute is None:
+                    continue
+                start = per_minute if known_left is None else known_left
+                if wanted > (max(0.0, start) + per_minute * refill) / n:
                     raise LimitExceeded(
-                        f"rate limit reached for {name}: this replica's share of {rpm} requests per minute while the "
-                        "shared budget store is unreachable",
+                        f"rate limit reached for {name}: this replica's share of {per_minute} {unit} per minute while "
+                        "the shared budget store is unreachable",
                         retry_after=OUTAGE_RETRY_S,
                     )
-            if tpm is not None:
-                start = tpm if left[1] is None else left[1]
-                if used.tokens + tokens > (max(0.0, start) + tpm * refill) / n:
-                    raise LimitExceeded(
-                        f"rate limit reached for {name}: this replica's share of {tpm} tokens per minute while the "
-                        "shared budget store is unreachable",
-                        retry_after=OUTAGE_RETRY_S,
-                    )
-            daily, monthly = limits.daily_spend_usd, limits.monthly_spend_usd
-            if daily is not None:
-                start = daily if new_day else (left[2] if left[2] is not None else daily)
-                if used.day_usd + reserve_usd > max(0.0, start) / n or (start <= 0 and not new_day):
+            spends = (("daily", limits.daily_spend_usd, left[2], new_day, used.day_usd),
+                      ("monthly", limits.monthly_spend_usd, left[3], new_month, used.month_usd))
+            for period, limit, known_left, fresh, spent in spends:
+                if limit is None:
+                    continue
+                start = limit if fresh or known_left is None else known_left
+                if spent + reserve_usd > max(0.0, start) / n or (start <= 0 and not fresh):
                     raise BudgetExceeded(
-                        f"daily spend budget of ${daily:.2f} reached for {name}: this replica's share of what was left "
-                        "is spent while the shared budget store is unreachable",
-                        retry_after=OUTAGE_RETRY_S,
-                    )
-            if monthly is not None:
-                start = monthly if new_month else (left[3] if left[3] is not None else monthly)
-                if used.month_usd + reserve_usd > max(0.0, start) / n or (start <= 0 and not new_month):
-                    raise BudgetExceeded(
-                        f"monthly spend budget of ${monthly:.2f} reached for {name}: this replica's share of what was "
+                        f"{period} spend budget of ${limit:.2f} reached for {name}: this replica's share of what was "
                         "left is spent while the shared budget store is unreachable",
                         retry_after=OUTAGE_RETRY_S,
                     )

@@ -1,4 +1,10 @@
-"""Prices of the lanes (upstream models, the edge lane, cache hits) from the `pricing` policy section."""
+"""Prices of the lanes (upstream models and pools, the edge lane, cache hits) from the `pricing` policy section.
+
+A price is any combination of the ways upstreams bill: per token (input, output, cached input;
+per million tokens, or per 1k with the `_per_1k` keys), per request, and per second of upstream
+time (`per_second`: GPU-seconds of a dedicated deployment, read as the lane seconds the request
+spent waiting on it).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,30 @@ PER_MILLION = 1_000_000.0
 
 @dataclass(slots=True, frozen=True)
 class TokenPrice:
-    """USD per million tokens: input, output, and input read from the provider's prompt cache."""
+    """USD per million tokens (input, output, input read from the provider's prompt cache), per
+    request, and per second of upstream time.
+
+    `tokens_per_second`: the output throughput used to estimate the seconds an answer would have
+    taken on this upstream when it did not serve it (a counterfactual); None: such answers are
+    priced without a time component.
+    """
 
     input: float
     output: float
     cached_input: float
+    per_request: float = 0.0
+    per_second: float = 0.0
+    tokens_per_second: float | None = None
+
+    def charge(self, usage: Usage, seconds: float, *, cache_discount: bool = True) -> float:
+        """The whole bill of one request: its tokens, the request itself and `seconds` of upstream time."""
+        return self.cost(usage, cache_discount=cache_discount) + self.per_request + self.per_second * max(0.0, seconds)
+
+    def estimated_seconds(self, usage: Usage) -> float:
+        """Upstream seconds an answer of `usage` would take here (0 without a stated throughput)."""
+        if not self.per_second or not self.tokens_per_second:
+            return 0.0
+        return usage.output_tokens / self.tokens_per_second
 
     def cost(self, usage: Usage, *, cache_discount: bool = True) -> float:
         """What these tokens cost; `cache_discount=False` prices cached input as plain input."""
@@ -43,6 +68,7 @@ class Pricing:
     edge: TokenPrice
     cache_per_request: float = 0.0
     known: frozenset[str] = field(default_factory=frozenset)
+    pools: dict[str, TokenPrice] = field(default_factory=dict)  # a priced pool bills whatever model it serves
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Pricing:
@@ -65,6 +91,10 @@ class Pricing:
         unknown_entry = section.get("unknown_model")
         unknown = models[default] if unknown_entry is None else _price(unknown_entry, discount, "unknown_model")
         edge = _price(section.get("edge") or {"input": 0, "output": 0}, discount, "edge")
+        pools = {
+            str(name): _price(entry, discount, f"pools.{name}")
+            for name, entry in (section.get("pools") or {}).items()
+        }
         return cls(
             models=models,
             default_upstream_model=default,
@@ -72,10 +102,14 @@ class Pricing:
             edge=edge,
             cache_per_request=_number(section.get("cache_per_request", 0.0), "cache_per_request"),
             known=frozenset(models),
+            pools=pools,
         )
 
-    def upstream(self, model: str | None) -> TokenPrice:
-        """The price of an upstream model; unlisted models get `unknown_model`."""
+    def upstream(self, model: str | None, pool: str | None = None) -> TokenPrice:
+        """The price of an upstream model on a pool: the pool's where it is priced, else the model's;
+        unlisted models get `unknown_model`."""
+        if pool is not None and pool in self.pools:
+            return self.pools[pool]
         if model is None:
             return self.models[self.default_upstream_model]
         return self.models.get(model, self.unknown_model)
@@ -95,13 +129,46 @@ def _number(value: Any, where: str) -> float:
     return float(value)
 
 
+PRICE_KEYS = frozenset({
+    "input", "output", "cached_input", "input_per_1k", "output_per_1k", "cached_input_per_1k",
+    "per_request", "per_second", "tokens_per_second",
+})  # fmt: skip
+
+
+def _per_million(entry: Mapping[str, Any], key: str, where: str) -> float | None:
+    """`key` per million tokens, or `key_per_1k` x 1000; None when neither is given; not both."""
+    plain, per_1k = entry.get(key), entry.get(f"{key}_per_1k")
+    if plain is not None and per_1k is not None:
+        raise ValueError(f"pricing.{where} gives both {key} and {key}_per_1k; give one")
+    if per_1k is not None:
+        return _number(per_1k, f"{where}.{key}_per_1k") * 1000.0
+    return None if plain is None else _number(plain, f"{where}.{key}")
+
+
 def _price(entry: Any, discount: float, where: str) -> TokenPrice:
     if not isinstance(entry, Mapping):
-        raise ValueError(f"pricing.{where} must be a mapping with input and output prices")
-    input_price = _number(entry.get("input"), f"{where}.input")
-    cached = entry.get("cached_input")
+        raise ValueError(f"pricing.{where} must be a mapping of prices (input, output, per_request, per_second)")
+    unknown = set(entry) - PRICE_KEYS
+    if unknown:
+        raise ValueError(f"pricing.{where} has unknown key(s) {sorted(unknown)}; keys are {', '.join(sorted(PRICE_KEYS))}")
+    input_price = _per_million(entry, "input", where)
+    output_price = _per_million(entry, "output", where)
+    per_request, per_second = entry.get("per_request"), entry.get("per_second")
+    if input_price is None and output_price is None and per_request is None and per_second is None:
+        raise ValueError(f"pricing.{where} names no price: give input/output, per_request or per_second")
+    if (input_price is None) != (output_price is None):  # token prices come in pairs
+        missing = "input" if input_price is None else "output"
+        raise ValueError(f"pricing.{where}.{missing} must be a number, got None (token prices come as input and output)")
+    cached = _per_million(entry, "cached_input", where)
+    base = input_price or 0.0
+    throughput = entry.get("tokens_per_second")
+    if throughput is not None and _number(throughput, f"{where}.tokens_per_second") <= 0:
+        raise ValueError(f"pricing.{where}.tokens_per_second must be positive")
     return TokenPrice(
-        input=input_price,
-        output=_number(entry.get("output"), f"{where}.output"),
-        cached_input=input_price * (1.0 - discount) if cached is None else _number(cached, f"{where}.cached_input"),
+        input=base,
+        output=output_price or 0.0,
+        cached_input=base * (1.0 - discount) if cached is None else cached,
+        per_request=0.0 if per_request is None else _number(per_request, f"{where}.per_request"),
+        per_second=0.0 if per_second is None else _number(per_second, f"{where}.per_second"),
+        tokens_per_second=None if throughput is None else float(throughput),
     )

@@ -26,15 +26,19 @@ TENANT = "tierlane.tenant"
 APP = "tierlane.app"
 LANE = "tierlane.lane"
 REQUEST_ID = "tierlane.request_id"
+API = "tierlane.api"  # the wire API a request came in through (chat, messages, responses, ...)
 CACHE_STATUS = "tierlane.cache.status"
 CACHE_SIMILARITY = "tierlane.cache.similarity"
 ROUTE_SCORE = "tierlane.route.score"
 ROUTE_REASON = "tierlane.route.reason"
+TIER = "tierlane.tier"  # upstream tier of an `auto` request (cost | strong), where the policy has tiers
 COST = "tierlane.cost_usd"
 SAVED = "tierlane.saved_usd"
 SAVED_CACHE = "tierlane.saved.cache_usd"
 SAVED_EDGE = "tierlane.saved.edge_usd"
 SAVED_TRIM = "tierlane.saved.trim_usd"
+SAVED_VS_STRONG = "tierlane.saved.vs_strong_usd"  # against everything on the strong tier
+SAVED_VS_NAMED = "tierlane.saved.vs_named_usd"  # against the model the client named
 USAGE_ESTIMATED = "tierlane.usage.estimated"
 # the confidence cascade's check of an edge answer (auto requests; pinned ones for cache admission)
 EDGE_CONFIDENCE = "tierlane.edge.confidence"
@@ -49,6 +53,8 @@ STAGE = "tierlane.stage"
 OPERATION_NAMES = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 LANES = ("cache", "edge", "upstream")
 SAVING_REASONS = ("cache", "edge", "trim")
+TIERS = ("cost", "strong")  # policies.router.policy.TIERS; metric label values, with NO_TIER and OTHER
+NO_TIER = "none"
 OTHER = "other"
 
 
@@ -70,6 +76,12 @@ class LabelBounds:
 
     def model(self, value: str | None) -> str:
         return value if value in self._models else OTHER
+
+    @staticmethod
+    def tier(value: str | None) -> str:
+        if value is None:
+            return NO_TIER
+        return value if value in TIERS else OTHER
 
     @staticmethod
     def lane(value: str | None) -> str:

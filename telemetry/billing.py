@@ -1,11 +1,19 @@
-"""What one request cost, and what it saved against the lane it would otherwise have gone to."""
+"""What one request cost, and what it saved against the lane it would otherwise have gone to.
+
+Prices are per token, per request and per second of upstream time (policies/pricing.py), in any
+combination. Besides the split by reason (cache, edge, trim), every bill states two
+counterfactuals: the cost had the request gone to the strong tier (`cost_strong`; without upstream
+tiers, the same as the next) and had it gone to the model the client named (`cost_named`: a
+priced model it asked for, else `default_upstream_model`). Both are of the untrimmed request; an
+escalated edge attempt is part of the cost, so it is netted out of both savings.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from policies.domain import Usage
-from policies.pricing import Pricing
+from policies.pricing import Pricing, TokenPrice
 from telemetry.record import MeteredRequest
 
 
@@ -24,6 +32,18 @@ class Bill:
     saved_trim: float
     counterfactual_model: str
     trimmed_tokens: int
+    cost_strong: float = 0.0  # the same request on the strong tier
+    cost_named: float = 0.0  # the same request on the model the client named
+    strong_model: str | None = None
+    named_model: str | None = None
+
+    @property
+    def saved_vs_strong(self) -> float:
+        return self.cost_strong - self.cost
+
+    @property
+    def saved_vs_named(self) -> float:
+        return self.cost_named - self.cost
 
     @property
     def saved(self) -> float:
@@ -58,8 +78,13 @@ def _escalated_usage(ctx: MeteredRequest) -> Usage:
     return Usage(input_tokens=max(0, check.edge_input_tokens), output_tokens=max(0, check.edge_output_tokens))
 
 
+def _seconds(value: float) -> float:
+    return value if value > 0.0 else 0.0
+
+
 def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
-    """Price `usage` on the lane that answered ctx and split the savings by reason.
+    """Price `usage` on the lane that answered ctx, split the savings by reason, and price the
+    two counterfactuals (strong tier, named model).
 
     The cost is never negative: negative token counts price as 0 and the cost is clamped at 0,
     so no row can pay a budget back. Savings may be negative (a cache hit can cost more than
@@ -67,29 +92,50 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     """
     usage = _non_negative(usage)
     trimmed = sum(max(0, n) for n in ctx.trim_saved.values())
+    untrimmed = Usage(input_tokens=usage.input_tokens + trimmed, output_tokens=usage.output_tokens,
+                      cached_input_tokens=usage.cached_input_tokens)
+    named_model = pricing.counterfactual_model(ctx.model)
+    strong_pool, strong_model = ctx.strong_target if ctx.strong_target is not None else (None, named_model)
+    strong_price = pricing.upstream(strong_model, strong_pool)
+    named_price = pricing.upstream(named_model)
     if ctx.lane == "upstream":
         model = ctx.target_model or ctx.model
-        price = pricing.upstream(model)
-        # An answer the edge drafted and the cascade escalated: its tokens were spent for
-        # nothing the client got, so they are a cost of this request and a negative edge saving.
-        wasted = _money(pricing.edge.cost(_escalated_usage(ctx), cache_discount=False))
+        price = pricing.upstream(model, ctx.pool)
+        escalated = ctx.edge_check is not None and ctx.edge_check.escalated
+        edge_seconds = _seconds(ctx.edge_seconds) if escalated else 0.0
+        seconds = _seconds(ctx.lane_seconds - edge_seconds)  # the upstream's own time
+        # An answer the edge drafted and the cascade escalated: its tokens (and time) were spent
+        # for nothing the client got, so they are a cost of this request and a negative edge saving.
+        wasted = _money(pricing.edge.charge(_escalated_usage(ctx), edge_seconds, cache_discount=False)) if escalated else 0.0
+        served = _money(price.charge(usage, seconds))
+
+        def had_gone_to(other: TokenPrice) -> float:
+            if other is price:  # the same upstream: its cost, untrimmed, without the edge's attempt
+                return _money(price.charge(untrimmed, seconds))
+            taken = other.estimated_seconds(usage) if other.tokens_per_second else seconds
+            return _money(other.charge(untrimmed, taken, cache_discount=False))
+
         return Bill(
-            cost=_money(price.cost(usage)) + wasted,
+            cost=served + wasted,
             saved_cache=0.0,
             saved_edge=-wasted,
             saved_trim=price.input_cost(trimmed),
             counterfactual_model=model,
             trimmed_tokens=trimmed,
+            cost_strong=had_gone_to(strong_price),
+            cost_named=had_gone_to(named_price),
+            strong_model=strong_model,
+            named_model=named_model,
         )
-    counterfactual = pricing.counterfactual_model(ctx.model)
-    reference = pricing.upstream(counterfactual)
+    counterfactual = named_model
+    reference = named_price
     # The counterfactual upstream is not assumed to have served any of it from its own prompt cache.
-    avoided = reference.cost(usage, cache_discount=False)
+    avoided = reference.charge(usage, reference.estimated_seconds(usage), cache_discount=False)
     if ctx.lane == "cache":
         cost = _money(pricing.cache_per_request)
         saved_cache, saved_edge = avoided - cost, 0.0
     else:
-        cost = _money(pricing.edge.cost(usage, cache_discount=False))
+        cost = _money(pricing.edge.charge(usage, _seconds(ctx.lane_seconds), cache_discount=False))
         saved_cache, saved_edge = 0.0, avoided - cost
     return Bill(
         cost=cost,
@@ -98,4 +144,8 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
         saved_trim=reference.input_cost(trimmed),
         counterfactual_model=counterfactual,
         trimmed_tokens=trimmed,
+        cost_strong=_money(strong_price.charge(untrimmed, strong_price.estimated_seconds(usage), cache_discount=False)),
+        cost_named=_money(named_price.charge(untrimmed, named_price.estimated_seconds(usage), cache_discount=False)),
+        strong_model=strong_model,
+        named_model=named_model,
     )

@@ -196,7 +196,7 @@ class Telemetry:
         """The price of the lane answering ctx now (None for a cache hit, which costs no tokens)."""
         if ctx.lane == "cache":
             return None
-        return self.pricing.edge if ctx.lane == "edge" else self.pricing.upstream(ctx.target_model)
+        return self.pricing.edge if ctx.lane == "edge" else self.pricing.upstream(ctx.target_model, ctx.pool)
 
     def _reservation(self, ctx: MeteredRequest) -> float:
         """USD held at admission: the prompt and the most completion tokens the request may produce."""
@@ -272,7 +272,10 @@ class Telemetry:
                 a.SAVED_CACHE: bill.saved_cache,
                 a.SAVED_EDGE: bill.saved_edge,
                 a.SAVED_TRIM: bill.saved_trim,
+                a.SAVED_VS_STRONG: bill.saved_vs_strong,
+                a.SAVED_VS_NAMED: bill.saved_vs_named,
                 a.USAGE_ESTIMATED: usage.estimated,
+                **({a.TIER: ctx.tier} if ctx.lane == "upstream" and ctx.tier is not None else {}),
                 **_edge_attributes(ctx.edge_check),
             },
         )
@@ -330,6 +333,10 @@ class Telemetry:
             escalation_reason=(check.reason or "unknown") if check is not None and escalated else None,
             cache_similarity=ctx.cache_similarity if ctx.cache_status == "hit" else None,
             trace_id=trace_id,
+            api=ctx.api,
+            tier=ctx.tier if ctx.lane == "upstream" else None,
+            saved_vs_strong=bill.saved_vs_strong,
+            saved_vs_named=bill.saved_vs_named,
         )
 
     def _measurement(
@@ -362,6 +369,7 @@ class Telemetry:
             ttft_s=ttft,
             cost=bill.cost,
             saved=bill.saved_by_reason(),
+            tier=bounds.tier(ctx.tier) if ctx.lane == "upstream" else a.NO_TIER,
             **_edge_fields(ctx.edge_check),
         )
 

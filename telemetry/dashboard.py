@@ -79,6 +79,8 @@ USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
     "saved_cache_usd": ("saved_cache",),
     "saved_edge_usd": ("saved_edge",),
     "saved_trim_usd": ("saved_trim",),
+    "saved_vs_strong_usd": ("saved_vs_strong",),
+    "saved_vs_named_usd": ("saved_vs_named",),
 }
 assert tuple(USAGE_FROM_ROLLUP) == tuple(MEASURES), "the dashboard must carry every /v1/usage measure"
 
@@ -507,6 +509,24 @@ def _errors(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, A
     ]
 
 
+def _tiers(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, Any]]:
+    """Upstream requests by tier (cost | strong; "none": no tiers in the policy), from the raw rows."""
+    sql = ("SELECT COALESCE(tier, 'none') AS tier, COUNT(*) AS requests, SUM(cost) AS cost, "
+           "SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens, SUM(escalated) AS escalated "
+           "FROM requests WHERE ts >= ? AND ts < ? AND lane = 'upstream'")  # fmt: skip
+    params: list[Any] = [query.start, query.end]
+    if query.tenant is not None:
+        sql += " AND tenant = ?"
+        params.append(query.tenant)
+    sql += " GROUP BY 1 ORDER BY 1"
+    return [
+        {"tier": r["tier"], "requests": int(r["requests"]), "cost_usd": round(float(r["cost"] or 0.0), 9),
+         "input_tokens": int(r["input_tokens"] or 0), "output_tokens": int(r["output_tokens"] or 0),
+         "escalated": int(r["escalated"] or 0)}  # fmt: skip
+        for r in conn.execute(sql, params)
+    ]
+
+
 def _reasons(hist: Mapping[str, Mapping[int, int]], prefix: str) -> list[dict[str, Any]]:
     counts = [(kind.removeprefix(prefix), sum(bins.values())) for kind, bins in hist.items() if kind.startswith(prefix)]
     return [{"reason": reason, "count": n} for reason, n in sorted(counts, key=lambda c: (-c[1], c[0]))]
@@ -528,6 +548,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
     whole = [(query.start, query.end)]
     if conn is None:
         head_rows, breakdown_rows, series_rows, hist, errors = [], [], [], {}, []
+        tiers: list[dict[str, Any]] = []
     else:
         head_rows = totals(conn, whole, tenant=query.tenant, rollups=rollups)
         breakdown_rows = totals(conn, whole, USAGE_KEYS, tenant=query.tenant, rollups=rollups)
@@ -535,6 +556,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
                              rollups=rollups)  # fmt: skip
         hist = histograms(conn, query.start, query.end, tenant=query.tenant, rollups=rollups)
         errors = _errors(conn, query)
+        tiers = _tiers(conn, query)
     head = head_rows[0] if head_rows else {m: 0 for m in ROLLUP_MEASURES}
     headline = _headline(head)
     if conn is not None:
@@ -598,6 +620,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
                 "reasons": escalation,
             },
             "routes": routes,
+            "tiers": tiers,
             "unit_bins": UNIT_BINS,
             "confidence_histogram": {
                 "served": _unit_histogram(hist.get("confidence_served", {})),

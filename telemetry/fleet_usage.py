@@ -101,6 +101,8 @@ def _amounts(row: LedgerRow) -> dict[str, float]:
         "saved_cache_usd": row.saved_cache,
         "saved_edge_usd": row.saved_edge,
         "saved_trim_usd": row.saved_trim,
+        "saved_vs_strong_usd": row.saved_vs_strong if row.saved_vs_strong is not None else row.saved_cache + row.saved_edge + row.saved_trim,
+        "saved_vs_named_usd": row.saved_vs_named if row.saved_vs_named is not None else row.saved_cache + row.saved_edge + row.saved_trim,
     }
 
 

@@ -89,6 +89,12 @@ class LedgerRow:
     escalation_reason: str | None = None  # EdgeCheck.reason of an escalated request
     cache_similarity: float | None = None  # similarity of the cache entry that answered (hits)
     trace_id: str | None = None  # 32 hex digits of the request's trace, when it has one
+    api: str = "chat"  # the wire API it came in through: chat, completions, embeddings, messages, responses
+    tier: str | None = None  # upstream tier ("cost" | "strong") of an `auto` request, where the policy has tiers
+    # counterfactual cost - cost: had it gone to the strong tier / to the model the client named
+    # (telemetry/billing.py); NULL in rows written before, which read as the saved_* sum
+    saved_vs_strong: float | None = None
+    saved_vs_named: float | None = None
 
     @property
     def day(self) -> str:
@@ -132,7 +138,10 @@ CREATE TABLE IF NOT EXISTS requests (
     edge_tokens INTEGER NOT NULL DEFAULT 0,
     escalation_reason TEXT,
     cache_similarity REAL,
-    trace_id TEXT
+    trace_id TEXT,
+    tier TEXT,
+    saved_vs_strong REAL,
+    saved_vs_named REAL
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -149,6 +158,10 @@ ADDED_COLUMNS: dict[str, str] = {
     "escalation_reason": "TEXT",
     "cache_similarity": "REAL",
     "trace_id": "TEXT",
+    "api": "TEXT NOT NULL DEFAULT 'chat'",
+    "tier": "TEXT",
+    "saved_vs_strong": "REAL",
+    "saved_vs_named": "REAL",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to
@@ -161,7 +174,7 @@ ROLLUP_TABLES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 HIST_LEVELS: tuple[int, ...] = (86400, 3600)
 # Bumped whenever the rollups change shape or meaning: a writer then rebuilds them from the rows.
-ROLLUP_VERSION = 1
+ROLLUP_VERSION = 2
 # Rollup column -> what one ledger row adds to it (an SQL expression over `requests`). A reader
 # that totals raw rows uses the same expressions, so rollups and raw rows always agree.
 ROLLUP_MEASURES: dict[str, str] = {
@@ -177,6 +190,8 @@ ROLLUP_MEASURES: dict[str, str] = {
     "saved_cache": "saved_cache",
     "saved_edge": "saved_edge",
     "saved_trim": "saved_trim",
+    "saved_vs_strong": "COALESCE(saved_vs_strong, saved_cache + saved_edge + saved_trim)",
+    "saved_vs_named": "COALESCE(saved_vs_named, saved_cache + saved_edge + saved_trim)",
     "cache_hits": "cache_status = 'hit'",
     "cache_lookups": "cache_status IN ('hit', 'miss')",
     "local": "lane IN ('cache', 'edge') AND status < 400",
@@ -190,7 +205,8 @@ ROLLUP_MEASURES: dict[str, str] = {
     "confidence_n": "confidence IS NOT NULL",
     "confidence": "COALESCE(confidence, 0.0)",
 }
-REAL_MEASURES = frozenset({"cost", "saved_cache", "saved_edge", "saved_trim", "latency_ms", "ttft_ms", "confidence"})
+REAL_MEASURES = frozenset({"cost", "saved_cache", "saved_edge", "saved_trim", "saved_vs_strong", "saved_vs_named",
+                           "latency_ms", "ttft_ms", "confidence"})
 
 # Histograms: bins of 1/16 of a doubling for times (a bin's upper edge is 4.4% above its lower
 # one), twentieths for values in 0..1; reasons are kinds of their own with one bin (0).

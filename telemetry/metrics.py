@@ -43,6 +43,7 @@ class Measurement:
     edge_reason: str = ""  # why it was escalated: low_confidence | loop
     edge_confidence: float | None = None
     edge_wasted_tokens: int = 0  # edge tokens of escalated answers: spent, not served
+    tier: str = "none"  # upstream tier (cost | strong | none | other)
 
 
 class OtelMetrics:
@@ -78,6 +79,12 @@ class OtelMetrics:
         self._saved = meter.create_counter(
             "tierlane.saved", unit="USD", description="Saved against the counterfactual upstream, by reason"
         )
+        self._tier_requests = meter.create_counter(
+            "tierlane.tier.requests", unit="{request}", description="Upstream requests by tier (cost, strong, none)"
+        )
+        self._tier_cost = meter.create_counter(
+            "tierlane.tier.cost", unit="USD", description="What upstream answering cost, by tier"
+        )
         self._rejections = meter.create_counter(
             "tierlane.budget.rejections", unit="{request}", description="Requests refused by a limit"
         )
@@ -107,6 +114,11 @@ class OtelMetrics:
         for reason, amount in m.saved.items():
             if amount > 0:
                 self._saved.add(amount, {**who, "tierlane.reason": reason})
+        if m.lane == "upstream":
+            tier = {a.TENANT: m.tenant, a.APP: m.app, a.TIER: m.tier}
+            self._tier_requests.add(1, tier)
+            if m.cost:
+                self._tier_cost.add(m.cost, tier)
 
     def rejected(self, tenant: str, app: str, code: str) -> None:
         self._rejections.add(1, {a.TENANT: tenant, a.APP: app, "error.type": code})

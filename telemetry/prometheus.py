@@ -124,6 +124,16 @@ class PromMetrics:
             ["tenant", "app"],
             registry=self.registry,
         )
+        self._tier_requests = Counter(
+            "tierlane_tier_requests",
+            "Upstream requests by tier: cost, strong (the router's pick where the policy has tiers), none",
+            ["tenant", "app", "tier"],
+            registry=self.registry,
+        )
+        self._tier_cost = Counter(
+            "tierlane_tier_cost_usd", "What upstream answering cost, USD, by tier", ["tenant", "app", "tier"],
+            registry=self.registry,
+        )
         self._rejections = Counter(
             "tierlane_budget_rejections",
             "Requests refused by a rate limit or budget",
@@ -210,6 +220,10 @@ class PromMetrics:
                 saved[reason].inc(amount)
         if m.edge_result is not None:
             self._edge(m)
+        if m.lane == "upstream":
+            self._tier_requests.labels(m.tenant, m.app, m.tier).inc()
+            if m.cost > 0:
+                self._tier_cost.labels(m.tenant, m.app, m.tier).inc(m.cost)
 
     def _edge(self, m: Measurement) -> None:
         self._edge_checks.labels(m.tenant, m.app, m.edge_result, m.edge_reason).inc()

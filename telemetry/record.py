@@ -28,6 +28,9 @@ class MeteredRequest(Protocol):
     def operation(self) -> str: ...
 
     @property
+    def api(self) -> str: ...  # the wire API (attribution only)
+
+    @property
     def body(self) -> dict[str, Any]: ...
 
     @property
@@ -55,6 +58,9 @@ class MeteredRequest(Protocol):
     def pool(self) -> str | None: ...
 
     @property
+    def tier(self) -> str | None: ...  # upstream tier ("cost" | "strong") when the policy has tiers
+
+    @property
     def route(self) -> RouteDecision | None: ...
 
     @property
@@ -74,6 +80,12 @@ class MeteredRequest(Protocol):
 
     @property
     def lane_seconds(self) -> float: ...
+
+    @property
+    def edge_seconds(self) -> float: ...  # of lane_seconds: the edge's, on an escalated answer
+
+    @property
+    def strong_target(self) -> tuple[str | None, str | None] | None: ...  # (pool, model) of the strong tier
 
     @property
     def attributes(self) -> dict[str, Any]: ...

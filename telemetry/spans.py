@@ -46,6 +46,7 @@ def request_attributes(ctx: MeteredRequest) -> dict[str, Any]:
         a.APP: ctx.principal.app,
         a.LANE: ctx.lane,
         a.CACHE_STATUS: ctx.cache_status,
+        a.API: ctx.api,
     }
     if ctx.cache_similarity is not None:
         attrs[a.CACHE_SIMILARITY] = float(ctx.cache_similarity)

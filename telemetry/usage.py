@@ -31,6 +31,9 @@ MEASURES: dict[str, str] = {
     "saved_cache_usd": "SUM(saved_cache)",
     "saved_edge_usd": "SUM(saved_edge)",
     "saved_trim_usd": "SUM(saved_trim)",
+    # against stated counterfactuals (telemetry/billing.py), escalated edge attempts netted
+    "saved_vs_strong_usd": "SUM(COALESCE(saved_vs_strong, saved_cache + saved_edge + saved_trim))",
+    "saved_vs_named_usd": "SUM(COALESCE(saved_vs_named, saved_cache + saved_edge + saved_trim))",
 }
 
 

@@ -72,6 +72,20 @@ def llama_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 GatewayFactory = Callable[..., RunningApp]
 
+# Fixtures that load a real model (llama.cpp or the embedder): every test using one is `slow`.
+# Tests that load one otherwise (a gateway started with the edge lane or the embedder on) carry
+# the marker themselves.
+MODEL_FIXTURES = frozenset({
+    "llama_upstream", "sentence_model", "sentence_encoder", "embedder",
+    "runner", "reuse_runner", "plain_runner", "spec_runner",  # tests/unit/edge_engine: EdgeEngine
+})  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def make_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[GatewayFactory]:

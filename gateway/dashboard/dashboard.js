@@ -183,6 +183,8 @@
       card("saved_cache_usd", "Saved by cache", h.saved_cache_usd, fmtUsd(h.saved_cache_usd)),
       card("saved_edge_usd", "Saved by edge", h.saved_edge_usd, fmtUsd(h.saved_edge_usd)),
       card("saved_trim_usd", "Saved by trim", h.saved_trim_usd, fmtUsd(h.saved_trim_usd), fmtInt(h.trimmed_tokens) + " tokens trimmed"),
+      card("saved_vs_strong_usd", "Saved vs all-strong", h.saved_vs_strong_usd, fmtUsd(h.saved_vs_strong_usd), "had every request gone to the strong tier"),
+      card("saved_vs_named_usd", "Saved vs named model", h.saved_vs_named_usd, fmtUsd(h.saved_vs_named_usd), "had every request gone to the model it named"),
       card("local_share", "Answered locally", h.local_share, fmtPct(h.local_share), "cache + edge"),
       card("cache_hit_rate", "Cache hit rate", h.cache_hit_rate, fmtPct(h.cache_hit_rate), fmtInt(h.cache_lookups) + " lookups"),
       card("error_rate", "Error rate", h.error_rate, fmtPct(h.error_rate)),
@@ -317,6 +319,9 @@
         fmtNum(s.mean_similarity, 3), { text: fmtPct(s.agreement), title: "share above " + s.agree_above }]))
       : el("p", { cls: "muted", text: "No shadow comparisons in this range (policy shadow.sample_rate)." }));
     if (q.routes.length) parts.push(table(["routing reason", "requests"], q.routes.map((r) => [{ cls: "t", text: r.reason }, fmtInt(r.count)])));
+    const tiers = q.tiers || [];
+    if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
+      { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
     $("quality").replaceChildren(...parts);
   }
   function renderEngine(s, scope) {

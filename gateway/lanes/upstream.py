@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.apis.native import MessagesStreamReader, chat_from_message, message_usage
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
@@ -42,10 +43,17 @@ async def answer(
             "on its upstreams or set lanes.upstream.pools.<pool>.model in the policy",
             param="model",
         )
+    path = PATHS[ctx.operation]
+    # NOTE: a front door's request goes as the client sent it (model mapped) to a pool whose
+    # every upstream serves that API natively: fields no translation knows survive.
+    native = ctx.native_body is not None and ctx.api == "messages" and pool.serves_natively(ctx.pool or "default", ctx.api)
+    if native:
+        assert ctx.native_body is not None
+        body, path = ctx.native_body, "/" + ctx.api
     if ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
     client_wants_usage = False
-    if ctx.stream:
+    if ctx.stream and not native:
         options = dict(body.get("stream_options") or {})
         client_wants_usage = bool(options.get("include_usage"))
         # Ask for usage on every stream so metering never sees zero; strip it again below
@@ -59,7 +67,7 @@ async def answer(
     try:
         reply = await pool.send(
             ctx.pool or "default",
-            PATHS[ctx.operation],
+            path,
             body,
             headers=headers,
             model=body.get("model", ctx.model),
@@ -70,9 +78,53 @@ async def answer(
         ctx.lane_seconds += time.perf_counter() - started
     ctx.attributes["tierlane.upstream.name"] = reply.upstream.name
     ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
+    ctx.attributes["tierlane.upstream.native"] = native
+    if native:
+        return _whole_native(ctx, reply) if reply.response is None else Answer(lane="upstream", chunks=_relay_native(ctx, reply))
     if reply.response is None:
         return _whole(ctx, reply)
     return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage, estimate))
+
+
+def _whole_native(ctx: RequestContext, reply: UpstreamReply) -> Answer:
+    if reply.status >= 400:
+        raise _client_error(reply)
+    if not isinstance(reply.body, dict):
+        raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
+    ctx.usage = message_usage(reply.body.get("usage"))
+    ctx.first_token_at = time.perf_counter()
+    return Answer(lane="upstream", body=chat_from_message(reply.body), native=reply.body)
+
+
+async def _relay_native(ctx: RequestContext, reply: UpstreamReply) -> AsyncGenerator[dict[str, Any], None]:
+    """The upstream's own events, each with its chat chunk, until `message_stop`."""
+    assert reply.response is not None
+    reader = MessagesStreamReader()
+    ok = blame = False
+    waited = time.perf_counter()
+    try:
+        async for event in iter_events(reply.response.content, reply.upstream.settings.max_response_bytes):
+            ctx.lane_seconds += time.perf_counter() - waited
+            if event is DONE:
+                ok = True
+                return
+            if not isinstance(event, dict):
+                raise BadUpstreamResponse("the upstream sent a stream event that is not an object")
+            chunk = reader.chunk(event)
+            if reader.usage is not None:
+                ctx.usage = reader.usage
+            if ctx.first_token_at is None and chunk["choices"]:
+                ctx.first_token_at = time.perf_counter()
+            yield chunk
+            if event.get("type") == "message_stop":
+                ok = True
+                return
+            waited = time.perf_counter()
+    except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+        blame = True
+        raise _mid_stream(exc) from None
+    finally:
+        reply.release(ok=ok, blame=blame)
 
 
 def _whole(ctx: RequestContext, reply: UpstreamReply) -> Answer:
@@ -190,18 +242,21 @@ async def _relay(
                         texts.append(piece)
             yield event
             waited = time.perf_counter()
-    except UpstreamError:
+    except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
         blame = True
-        raise
-    except TimeoutError:
-        blame = True
-        raise UpstreamTimeout("the upstream stopped sending mid-stream") from None
-    except (aiohttp.ClientError, OSError):
-        blame = True
-        raise UpstreamError("the upstream connection broke mid-stream", code="stream_cut") from None
+        raise _mid_stream(exc) from None
     finally:
         # A consumer that stops early (client gone) closes the connection without blaming the upstream.
         reply.release(ok=ok, blame=blame)
+
+
+def _mid_stream(exc: BaseException) -> GatewayError:
+    """What a stream's failure after its first byte is to the client (the upstream is blamed for it)."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("the upstream stopped sending mid-stream")
+    return UpstreamError("the upstream connection broke mid-stream", code="stream_cut")
 
 
 def _estimated_usage_chunk(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gateway.context import Outcome, RequestContext
 
 if TYPE_CHECKING:
+    from gateway.cascade import Cascade
     from gateway.services import Services
     from telemetry import Telemetry
 
@@ -19,14 +20,21 @@ class MeterHook:
 
     name = "meter"
 
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Telemetry, cascade: Cascade | None = None) -> None:
         self._telemetry = telemetry
+        self._cascade = cascade  # learns from each edge attempt's verdict and saving
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         try:
-            await self._telemetry.meter(ctx, outcome)
+            bill = await self._telemetry.meter(ctx, outcome)
         except Exception:
             log.exception("metering failed for request %s", ctx.request_id)
+            return
+        if self._cascade is not None and bill is not None:
+            try:
+                self._cascade.observe(ctx, bill.saved_edge)
+            except Exception:
+                log.exception("the cascade could not learn from request %s", ctx.request_id)
 
     async def close(self) -> None:
         return None  # the telemetry component closes itself, after the pipeline
@@ -36,4 +44,4 @@ def build(services: Services) -> MeterHook | None:
     telemetry = services.telemetry
     if telemetry is None or not telemetry.config.metering:
         return None
-    return MeterHook(telemetry)
+    return MeterHook(telemetry, services.cascade)

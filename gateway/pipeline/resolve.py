@@ -8,8 +8,9 @@ request here, before budgets are counted or the cache is asked.
 
 from __future__ import annotations
 
+import fnmatch
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.context import Answer, RequestContext
@@ -25,18 +26,43 @@ if TYPE_CHECKING:
 class ModelCatalog:
     """The model names this gateway serves and the lane each one goes to; GET /v1/models lists them."""
 
-    def __init__(self, pool: UpstreamPool, edge_name: str | None, edge_aliases: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        edge_name: str | None,
+        edge_aliases: Iterable[str] = (),
+        model_aliases: Mapping[str, str] | None = None,
+    ) -> None:
         self.pool = pool
         self.edge_name = edge_name  # None when the edge lane is off
         self.edge_names = frozenset([edge_name, *edge_aliases]) if edge_name is not None else frozenset()
+        aliases = dict(model_aliases or {})
+        self._exact = {k: v for k, v in aliases.items() if not any(c in k for c in "*?[")}
+        self._globs = [(k, v) for k, v in aliases.items() if k not in self._exact]
         self._created = int(time.time())
 
     @classmethod
     def from_services(cls, services: Services) -> ModelCatalog:
+        aliases = services.settings.model_aliases
         if services.engine is None:
-            return cls(services.pool, None)
+            return cls(services.pool, None, model_aliases=aliases)
         edge = services.settings.edge
-        return cls(services.pool, edge.model_name, edge.aliases)
+        return cls(services.pool, edge.model_name, edge.aliases, aliases)
+
+    def alias(self, model: str) -> str | None:
+        """What the settings' model_aliases map `model` to, or None.
+
+        Exact names first, then the globs in their order; a glob never renames a model the
+        gateway serves by name (the edge's names, or a model an upstream lists).
+        """
+        if model in self._exact:
+            return self._exact[model]
+        if not self._globs or model in self.edge_names or model in self.pool.model_names():
+            return None
+        for pattern, target in self._globs:
+            if fnmatch.fnmatchcase(model, pattern):
+                return target
+        return None
 
     def default_pool(self) -> str | None:
         names = self.pool.pool_names()
@@ -85,6 +111,12 @@ class ResolveStage:
     async def run(self, ctx: RequestContext) -> Answer | None:
         ctx.requested_route = requested_route(ctx)
         catalog = self.catalog
+        alias = catalog.alias(ctx.model)
+        if alias is not None and alias != ctx.model:
+            # NOTE: the aliased name is the model from here on (cache key, routing, the ledger);
+            # the client's own name stays on the span.
+            ctx.attributes["tierlane.model.alias_of"] = ctx.model
+            ctx.model = alias
         if ctx.operation != "embeddings" and ctx.auto:
             pool = catalog.default_pool()
             if pool is not None:

@@ -1,4 +1,10 @@
-"""Pipeline stage: the complexity router picks the lane for `auto` requests; lane policy is enforced for all."""
+"""Pipeline stage: the lane (and upstream tier) of `auto` requests; lane policy is enforced for all.
+
+For `auto`, in order: capabilities (what the edge cannot do goes upstream), the edge decision
+(the cascade's calibration, or the router where the cascade is off), then, where the tenant/app
+has upstream tiers, the router's score picks the tier of whatever goes upstream (escalations
+included): strong at or above the threshold of its target, cost below.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,12 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 log = logging.getLogger(__name__)
+
+# Lane reasons after which the router's score picks the upstream tier, and the reason becomes
+# `router_strong` / `router_cost` (the lane reason stays on the span as tierlane.route.lane_reason).
+# Forced and capability reasons are kept: they say why the request could not stay local.
+TIER_REASONS = frozenset({"calibration_upstream", "router_strong", "router_weak_lane_forbidden",
+                          "policy_lane", "edge_unavailable", "calibration_history", "calibration_net_saving"})
 
 
 class RouteStage:
@@ -85,7 +97,7 @@ class RouteStage:
             lane, reason = self._reachable(header, "forced", rules)
             if lane == "edge":
                 await self._check_pinned(ctx)
-            score = await self._free_score(ctx)
+            score = await (self._tier_score(ctx, rules) if lane == "upstream" else self._free_score(ctx))
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
             return None
         usable = [lane for lane in rules.lanes if self.available(lane)]
@@ -100,14 +112,14 @@ class RouteStage:
                 if usable == ["edge"]:
                     raise gaps[0].error()
                 usable = [lane for lane in usable if lane != "edge"]
-                score = await self._free_score(ctx)
+                score = await self._tier_score(ctx, rules)
                 self._apply(ctx, RouteDecision(usable[0], score, gaps[0].reason, rules.threshold),
                             rules.target_for(usable[0]), rules)
                 return None
         if len(usable) == 1:
             lane = usable[0]
             reason = ("edge_unavailable" if lane == "upstream" else "no_upstream") if len(rules.lanes) > 1 else "policy_lane"
-            score = await self._free_score(ctx)
+            score = await (self._tier_score(ctx, rules) if lane == "upstream" else self._free_score(ctx))
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
             return None
         prompt = request_prompt(ctx)
@@ -119,13 +131,23 @@ class RouteStage:
             raise
         if self.cascade is not None and self.cascade.decides_edge(ctx):
             # NOTE: the edge decision is the calibration's: the measured chance that the
-            # configured edge model answers this prompt right. The router's score is kept for the
-            # record; it was trained on weak/strong upstream pairs, not on this model.
+            # configured edge model answers this prompt right. The router was trained on
+            # weak/strong upstream pairs, not on this model: its score picks the upstream tier
+            # (where the policy has tiers; else it is kept for the record).
             prior = ctx.edge_prior = self.cascade.prior(last_user_text(prompt), embedding)
             threshold = self.cascade.prior_threshold(ctx)
             ctx.attributes["tierlane.edge.prior"] = round(prior, 6)
             lane = "edge" if prior >= threshold else "upstream"
-            decision = RouteDecision(lane, score, f"calibration_{lane}", threshold)
+            reason = f"calibration_{lane}"
+            if lane == "edge":
+                # what the cascade's verdicts so far say: close neighbours escalated, or the edge's
+                # net saving is negative and the margin on the threshold holds this prior off
+                gate = self.cascade.learned_gate(ctx, embedding, prior, threshold)
+                if gate is not None:
+                    ctx.attributes["tierlane.edge.margin"] = round(gate.margin, 6)
+                    if not gate.try_edge:
+                        lane, reason = "upstream", gate.reason
+            decision = RouteDecision(lane, score, reason, threshold)
             self._apply(ctx, decision, rules.target_for(lane), rules)
             return None
         decision, target = RoutePolicy.decide_with(rules, score)
@@ -160,6 +182,13 @@ class RouteStage:
         if self.available(other) and rules.allows(other):
             return other, "edge_unavailable" if lane == "edge" else "no_upstream"
         raise UpstreamUnavailable(f"the {lane} lane is not running on this gateway")
+
+    async def _tier_score(self, ctx: RequestContext, rules: RouteRules) -> float | None:
+        """The router's score where it picks an upstream tier (computing the embedding), else a free one."""
+        if rules.tiers is None:
+            return await self._free_score(ctx)
+        prompt = request_prompt(ctx)
+        return self.router.score(prompt, await self._embedding(ctx, prompt))
 
     async def _free_score(self, ctx: RequestContext) -> float | None:
         """A score for the record when the embedding is already there; never computes one."""
@@ -197,17 +226,33 @@ class RouteStage:
         return np.asarray(self._fallback_encoder.encode([text])[0], dtype=np.float32)
 
     def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
+        tiered = rules.tiers is not None and decision.score is not None
+        if decision.lane == "upstream" and tiered:
+            assert decision.score is not None
+            target = rules.tier_for(decision.score)
+            if decision.reason in TIER_REASONS:
+                ctx.attributes["tierlane.route.lane_reason"] = decision.reason
+                decision = RouteDecision("upstream", decision.score, f"router_{target.tier}", decision.threshold)
         ctx.route = decision
         ctx.lane = decision.lane
+        ctx.tier = None
+        if rules.tiers is not None and ctx.auto:
+            # the counterfactual "everything on the strong tier" that savings are also counted against
+            ctx.strong_target = self._upstream_target(ctx, rules.tiers["strong"])
         if decision.lane == "edge":
             if (ctx.auto and decision.reason != "forced" and self.cascade is not None
                     and self.available("upstream") and rules.allows("upstream")):
-                # where the cascade sends an edge answer that fails its check
-                ctx.fallback = self._upstream_target(ctx, rules.target_for("upstream"))
+                # where the cascade sends an edge answer that fails its check: the tier the router picks
+                fallback = rules.tier_for(decision.score) if tiered and decision.score is not None else rules.upstream
+                ctx.fallback = self._upstream_target(ctx, fallback)
+                ctx.fallback_tier = fallback.tier
+                if fallback.tier is not None:
+                    ctx.attributes["tierlane.route.fallback_tier"] = fallback.tier
             ctx.pool = None
             ctx.target_model = target.model or self.edge_model
         else:
             ctx.pool, ctx.target_model = self._upstream_target(ctx, target)
+            ctx.tier = target.tier
         self._annotate(ctx, decision, target)
 
     def _upstream_target(self, ctx: RequestContext, target: LaneTarget) -> tuple[str | None, str | None]:
@@ -231,6 +276,8 @@ class RouteStage:
             attrs["tierlane.route.threshold"] = round(decision.threshold, 6)
         if target is not None and target.precision:
             attrs["tierlane.route.precision"] = target.precision
+        if target is not None and target.tier is not None and decision.lane == "upstream":
+            attrs["tierlane.route.tier"] = target.tier
 
 
 def _no_model(pool: str | None) -> str | None:

@@ -102,6 +102,8 @@ class Pipeline:
                 assert ctx.fallback is not None, "only requests with a fallback are escalated"
                 ctx.lane = "upstream"
                 ctx.pool, ctx.target_model = ctx.fallback
+                ctx.tier = ctx.fallback_tier
+                ctx.edge_seconds = ctx.lane_seconds  # the escalated attempt's time; the upstream's is added
                 ctx.first_token_at = None  # the client's first token is the upstream's
         tel = self.services.telemetry
         inject = tel.spans.inject if tel is not None and tel.spans.enabled else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import zlib
 
@@ -11,14 +10,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway import protocol
-from gateway.context import Operation, Outcome, RequestContext
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, as_gateway_error, render_unexpected
-from gateway.keys import CONTEXT, MODELS, PIPELINE, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
-from gateway.respond import deliver
-from policies.errors import PolicyError
+from gateway.context import Operation, RequestContext
+from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.keys import MODELS, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
+from gateway.respond import serve
 
 
-async def _read(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes (else 413); an unreadable encoding is a 400."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
     try:
@@ -38,7 +37,7 @@ async def _read(request: web.Request, limit: int) -> bytes:
 async def _handle(request: web.Request, operation: Operation) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
-    body = protocol.parse_body(await _read(request, settings.server.max_body_bytes))
+    body = protocol.parse_body(await read_body(request, settings.server.max_body_bytes))
     wire = protocol.validate(operation, body, max_n=settings.server.max_n)
     ctx = RequestContext(
         request_id=request[REQUEST_ID],
@@ -48,27 +47,11 @@ async def _handle(request: web.Request, operation: Operation) -> web.StreamRespo
         principal=request[PRINCIPAL],
         model=wire.model,
         stream=wire.stream,
+        api=operation,
         received_at=request[RECEIVED_AT],
         request=wire,
     )
-    request[CONTEXT] = ctx
-    pipeline = app[PIPELINE]
-    # NOTE: from here every way out (an answer, an error, a client gone, a bug) completes the
-    # request exactly once: one ledger row, and the budget reservation settled or released.
-    try:
-        answer = await pipeline.answer(ctx)
-        return await deliver(request, ctx, answer, pipeline)
-    except (GatewayError, PolicyError) as exc:
-        err = as_gateway_error(exc) or render_unexpected(exc)
-        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
-        raise err from None
-    except (asyncio.CancelledError, ConnectionError):
-        pipeline.complete(ctx, Outcome(status=499, response=None, complete=False, error_code="client_closed_request"))
-        raise
-    except Exception as exc:
-        err = render_unexpected(exc)
-        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
-        raise
+    return await serve(request, ctx)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

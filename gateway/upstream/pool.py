@@ -290,6 +290,11 @@ class UpstreamPool:
         ]
 
     # -- sending ---------------------------------------------------------------------------
+    def serves_natively(self, pool: str, api: str) -> bool:
+        """Whether every upstream `pool` may send a request to (fallbacks included) declares `api`."""
+        members = [u for name in self._chain(pool) for u in self._by_pool[name]]
+        return bool(members) and all(api in u.settings.apis for u in members)
+
     def _chain(self, pool: str) -> list[str]:
         chain, todo = [], [pool]
         while todo:
@@ -389,6 +394,8 @@ class UpstreamPool:
             out_headers["Authorization"] = client_authorization
         elif cfg.api_key:
             out_headers["Authorization"] = f"Bearer {cfg.api_key}"
+            if path == "/messages":
+                out_headers["x-api-key"] = cfg.api_key  # Anthropic's own header for the same key
         upstream.inflight += 1
         reply = UpstreamReply(upstream=upstream, status=0, _pool=self)
         backoff = min(cfg.backoff_max_s, cfg.backoff_base_s * (2 ** random.random()))

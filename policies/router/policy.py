@@ -11,6 +11,9 @@ from policies.router.calibration import TARGET_MODES
 from policies.router.model import Router
 
 LANES = ("edge", "upstream")
+# Upstream tiers for `auto`: the router sends what it scores as needing the strong model to
+# `strong`, the rest to `cost`. Fixed names: they are metric labels and a ledger column.
+TIERS = ("cost", "strong")
 
 
 @dataclass(slots=True, frozen=True)
@@ -21,6 +24,7 @@ class LaneTarget:
     pool: str | None
     model: str | None
     precision: str | None
+    tier: str | None = None  # "cost" | "strong" when the tenant/app has upstream tiers
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,12 +37,21 @@ class RouteRules:
     lanes: tuple[str, ...]
     edge: LaneTarget
     upstream: LaneTarget
+    tiers: dict[str, LaneTarget] | None = None  # both of TIERS, or None: one upstream tier (`upstream`)
 
     def allows(self, lane: str) -> bool:
         return lane in self.lanes
 
     def target_for(self, lane: str) -> LaneTarget:
         return self.edge if lane == "edge" else self.upstream
+
+    def tier_for(self, score: float) -> LaneTarget:
+        """The upstream tier for a router score: strong when it reaches the threshold, else cost.
+
+        Only with tiers; a tenant/app without them has the one upstream target."""
+        if self.tiers is None:
+            return self.upstream
+        return self.tiers["strong" if score >= self.threshold else "cost"]
 
 
 def _target(section: dict[str, Any]) -> tuple[str, float]:
@@ -55,6 +68,31 @@ def _target(section: dict[str, Any]) -> tuple[str, float]:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"router.target.value must be in [0, 1], got {value}")
     return mode, value
+
+
+def _tiers(upstream: dict[str, Any]) -> dict[str, LaneTarget] | None:
+    """`lanes.upstream.tiers`: {cost: {pool, model}, strong: {pool, model}}, or None (one tier)."""
+    raw = upstream.get("tiers")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != set(TIERS):
+        raise ValueError(f"lanes.upstream.tiers must name exactly the tiers {', '.join(TIERS)} (or be null)")
+    pools = upstream.get("pools") or {}
+    out: dict[str, LaneTarget] = {}
+    for tier in TIERS:
+        entry = raw[tier]
+        if not isinstance(entry, dict):
+            raise ValueError(f"lanes.upstream.tiers.{tier} must be a mapping {{pool, model}}")
+        unknown = set(entry) - {"pool", "model"}
+        if unknown:
+            raise ValueError(f"lanes.upstream.tiers.{tier} has unknown key(s) {sorted(unknown)}; keys are pool, model")
+        pool = str(entry.get("pool") or "")
+        pool_cfg = pools.get(pool)
+        if pool_cfg is None:
+            raise ValueError(f"lanes.upstream.tiers.{tier}.pool {pool!r} is not listed under lanes.upstream.pools")
+        model = entry.get("model") or pool_cfg.get("model")
+        out[tier] = LaneTarget("upstream", pool, None if model is None else str(model), pool_cfg.get("precision"), tier)
+    return out
 
 
 class RoutePolicy:
@@ -116,6 +154,7 @@ class RoutePolicy:
             lanes=lanes,
             edge=LaneTarget("edge", None, edge.get("model"), edge.get("precision")),
             upstream=LaneTarget("upstream", pool, pool_cfg.get("model"), pool_cfg.get("precision")),
+            tiers=_tiers(upstream),
         )
 
     def decide(self, score: float, tenant: str | None, app: str | None) -> tuple[RouteDecision, LaneTarget]:

@@ -1,4 +1,9 @@
-"""`auto` requests through the real router, embedder, edge engine and an upstream."""
+"""`auto` requests through the real router, embedder, edge engine and an upstream.
+
+Where a request goes is the gateway's own decision: those tests count it at a fixed-answer stub
+(tests/support/faults.py, mode "ok"), whose hit count and answer show which requests reached it.
+What an upstream answers through `auto` is checked against the real llama.cpp upstream.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ import pytest
 from tests.support.background import RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
+from tests.support.llama_server import UPSTREAM_MODEL
+
+pytestmark = pytest.mark.slow  # the edge engine or the embedder loads a real model
 
 PROMPTS = [
     "hi there!",
@@ -19,17 +27,19 @@ PROMPTS = [
 ]
 
 
+BASE = {
+    **PASS_THROUGH,
+    "edge": {"enabled": True, "n_ctx": 1024, "slots": 4, "n_threads": 1},
+    "embedder": {"enabled": True},
+    "policy": {**PASS_THROUGH["policy"], "router": {"enabled": True}},
+}
+
+
 @pytest.fixture
 def gw(bg, make_gateway):
     rec = Recorder()
     up = RunningApp(bg, fault_app("ok", rec, text="from upstream"))
-    base = {
-        **PASS_THROUGH,
-        "edge": {"enabled": True, "n_ctx": 1024, "slots": 4, "n_threads": 1},
-        "embedder": {"enabled": True},
-        "policy": {**PASS_THROUGH["policy"], "router": {"enabled": True}},
-    }
-    gateway = make_gateway(base=base, upstreams=[upstream_cfg("up", up.url + "/v1", models=["big-model"])])
+    gateway = make_gateway(base=BASE, upstreams=[upstream_cfg("up", up.url + "/v1", models=["big-model"])])
     gateway.rec = rec  # type: ignore[attr-defined]
     return gateway
 
@@ -63,6 +73,21 @@ def test_route_header_forces_a_lane(gw):
     r = ask(gw, PROMPTS[0], **{"x-tierlane-route": "upstream"})
     assert r.status_code == 200, r.text
     assert r.headers["x-tierlane-lane"].startswith("upstream") and r.json()["choices"][0]["message"]["content"] == "from upstream"
+
+
+def test_auto_requests_sent_upstream_get_the_upstreams_answer_and_usage(make_gateway, llama_upstream):
+    gateway = make_gateway(base=BASE, upstreams=[upstream_cfg("llama", llama_upstream.base_url, models=[UPSTREAM_MODEL])])
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    via = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "auto", "messages": messages, "max_tokens": 4, "temperature": 0},
+                     headers={"x-tierlane-route": "upstream"}, timeout=120)  # fmt: skip
+    assert via.status_code == 200, via.text
+    assert via.headers["x-tierlane-lane"].startswith("upstream")
+    direct = httpx.post(llama_upstream.base_url + "/chat/completions", timeout=120,
+                        json={"model": UPSTREAM_MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}).json()  # fmt: skip
+    answer = via.json()
+    assert answer["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    for field in ("prompt_tokens", "completion_tokens"):
+        assert answer["usage"][field] == direct["usage"][field] > 0
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]

@@ -18,6 +18,8 @@ import pytest
 from tests.support.config import PASS_THROUGH
 from tests.support.llama_server import UPSTREAM_MODEL
 
+pytestmark = pytest.mark.slow  # the edge engine or the embedder loads a real model
+
 QUESTION = "What is 7 + 5?"
 ALWAYS = {"mode": "threshold", "value": 0.0}
 NEVER = {"mode": "threshold", "value": 1.0}

@@ -1,7 +1,8 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Playwright) against a real gateway.
 
 The gateway's ledger holds five days of history (written before it starts) and then the traffic
-it serves here over HTTP: answers, 429s from a rate limit, upstream errors carrying a
+it serves here over HTTP: answers of the real llama.cpp upstream (their tokens and cost as it
+counted them), 429s from a rate limit, upstream errors (a stub that answers 500) carrying a
 `traceparent`. Checked on the page itself: the headline equals GET /v1/usage over the same
 range; in Asia/Kolkata (+05:30) the single days add up to the multi-day total; a non-admin key
 gets 403; the page polls and shows new traffic; the CSV download; only the gateway is contacted.
@@ -29,6 +30,7 @@ from telemetry.usage import MEASURES
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
+from tests.support.llama_server import UPSTREAM_MODEL
 
 CHROMIUM = os.environ.get("TIERLANE_CHROMIUM", "/usr/bin/chromium")
 ADMIN, USER = "tl-dash-admin", "tl-dash-user"
@@ -73,17 +75,16 @@ def history(now: float) -> list[LedgerRow]:
 
 
 @pytest.fixture
-def gateway(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path) -> RunningApp:
+def gateway(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path, llama_upstream: Any) -> RunningApp:
     ledger = Ledger(tmp_path / "state" / FILENAME)
     ledger.start()
     for row in history(time.time()):
         ledger.append(row)
     ledger.close()
-    good = RunningApp(bg, fault_app("ok", Recorder(), text="Paris is the capital of France."))
     bad = RunningApp(bg, fault_app("status", Recorder(), status=500))
     return make_gateway(
         upstreams=[
-            upstream_cfg("a", good.url + "/v1", models=["fake-model"]),
+            upstream_cfg("a", llama_upstream.base_url, models=[UPSTREAM_MODEL]),
             upstream_cfg("b", bad.url + "/v1", models=["broken-model"], retries=0),
         ],
         auth={"mode": "keys", "keys": [
@@ -91,7 +92,7 @@ def gateway(bg: BackgroundLoop, make_gateway: Any, tmp_path: Path) -> RunningApp
             {"sha256": hash_key(USER), "tenant": "acme", "app": "web"},
         ]},
         policy={"budgets": {"enabled": True, "tenant": {"requests_per_minute": 24}},
-                "pricing": {"models": {"fake-model": {"input": 2.0, "output": 8.0}}}},
+                "pricing": {"models": {UPSTREAM_MODEL: {"input": 2.0, "output": 8.0}}}},
     )  # fmt: skip
 
 
@@ -99,9 +100,10 @@ def serve_workload(bg: BackgroundLoop, gw: RunningApp) -> dict[str, int]:
     statuses: dict[int, int] = {}
     with httpx.Client(base_url=gw.url, headers={"Authorization": f"Bearer {USER}"}, timeout=30) as client:
         for i in range(28):
-            model = "broken-model" if i % 7 == 3 else "fake-model"
+            model = "broken-model" if i % 7 == 3 else UPSTREAM_MODEL
             headers = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"} if model == "broken-model" else {}
-            r = client.post("/v1/chat/completions", json={"model": model, "messages": MSG, "max_tokens": 8}, headers=headers)
+            body = {"model": model, "messages": MSG, "max_tokens": 4, "temperature": 0}
+            r = client.post("/v1/chat/completions", json=body, headers=headers)
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
     settle(bg, gw)
     return statuses
@@ -179,7 +181,8 @@ def test_dashboard_in_a_real_browser(bg: BackgroundLoop, gateway: RunningApp, ch
         # live refresh: new traffic shows without reloading
         generation = int(page.get_attribute("body", "data-generation") or 0)
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}) as client:
-            assert client.post("/v1/chat/completions", json={"model": "fake-model", "messages": MSG, "max_tokens": 8}).status_code == 200
+            body = {"model": UPSTREAM_MODEL, "messages": MSG, "max_tokens": 4, "temperature": 0}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
         settle(bg, gateway)
         page.wait_for_function(  # a function, not a string: the page's CSP forbids eval
             "([generation, requests]) => Number(document.body.dataset.generation) > generation && "

@@ -8,6 +8,8 @@ import pytest
 
 from tests.support.config import PASS_THROUGH
 
+pytestmark = pytest.mark.slow  # the edge engine or the embedder loads a real model
+
 EDGE_ON = {**PASS_THROUGH, "edge": {"enabled": True, "n_ctx": 1024, "slots": 4, "n_threads": 1}}
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 

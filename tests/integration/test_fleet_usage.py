@@ -4,6 +4,10 @@ Requests spread over both replicas; /v1/usage on either one reports the totals o
 of the two ledgers); a tenant admin sees only its tenant there too; with Valkey killed, /v1/usage
 still answers, from the replica's own ledger, and says so; what was metered while it was down
 reaches the totals when it is back.
+
+The upstream is a fixed-answer stub (tests/support/faults.py, mode "ok"), not llama.cpp: the
+figures checked are the gateway's own (each replica's ledger, summed across the fleet), compared
+with what the replicas metered, not with an upstream's usage counts.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def _usage(gw: RunningApp, key: str, **params: str) -> httpx.Response:
     return httpx.get(gw.url + "/v1/usage", params=params, headers=_bearer(key), timeout=30)
 
 
-def test_usage_on_either_replica_reports_the_whole_fleet(bg, make_gateway, tmp_path, valkey):
+def test_usage_on_either_replica_reports_the_whole_fleet(bg, valkey, make_gateway, tmp_path):
     replicas = _replicas(bg, make_gateway, tmp_path, valkey)
     sent = {"acme": 0, "globex": 0}
     for i in range(10):

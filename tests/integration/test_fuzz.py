@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -22,7 +23,7 @@ from tests.support.llama_server import UPSTREAM_MODEL
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = 200
+EXAMPLES = 100
 FAST = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -66,14 +67,36 @@ CHAT_FIELDS = [
     "n", "stop", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "top_k", "min_p", "logit_bias",
     "user", "tools", "tool_choice", "response_format", "logprobs", "top_logprobs", "guided_json",
 ]
+MESSAGES_FIELDS = [
+    "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "stream",
+    "tools", "tool_choice", "thinking", "output_config", "service_tier", "cache_control", "container",
+]
+RESPONSES_FIELDS = [
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "stream", "store",
+    "previous_response_id", "tools", "tool_choice", "metadata", "reasoning", "truncation", "parallel_tool_calls",
+    "background", "include",
+]
+BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "document", "input_text",
+                              "function_call", "function_call_output", "message", "web_search_call"])},
+    optional={"text": HOSTILE, "source": HOSTILE, "id": HOSTILE, "name": HOSTILE, "input": HOSTILE,
+              "tool_use_id": HOSTILE, "content": HOSTILE, "call_id": HOSTILE, "arguments": HOSTILE, "output": HOSTILE,
+              "role": st.sampled_from(["user", "assistant", "developer", "x"])},
+)
+FRONT_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]), "content": st.lists(BLOCK, max_size=3)}),
+    BLOCK,
+    MESSAGE,
+)
 COMPLETION_FIELDS = [f for f in CHAT_FIELDS if f not in ("messages", "tools", "tool_choice", "response_format")] + ["prompt", "echo", "best_of"]
 EMBEDDING_FIELDS = ["model", "input", "encoding_format", "dimensions", "user"]
 
 
-def _bodies(base: dict[str, Any], fields: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+def _bodies(base: dict[str, Any], fields: list[str], messages: Any = MESSAGE) -> st.SearchStrategy[dict[str, Any]]:
     changes = st.dictionaries(st.sampled_from(fields), HOSTILE, min_size=1, max_size=3)
-    if "messages" in base:
-        changes = st.one_of(changes, st.builds(lambda m: {"messages": m}, st.lists(MESSAGE, max_size=3)))
+    for key in ("messages", "input"):
+        if key in base:
+            changes = st.one_of(changes, st.builds(lambda m, k=key: {k: m}, st.lists(messages, max_size=3)))
     return changes.map(lambda c: {**base, **c})
 
 
@@ -104,9 +127,23 @@ def _bounded(operation: str, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _check(r: httpx.Response) -> None:
+def _bounded_front(body: dict[str, Any]) -> dict[str, Any]:
+    """Front-door bodies asking for more than a few tokens (or none) ask for 4."""
+    for key in ("max_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if key in body and isinstance(value, int) and not isinstance(value, bool) and value > 6:
+            body = {**body, key: 4}
+    if "input" in body and "max_output_tokens" not in body:
+        body = {**body, "max_output_tokens": 4}
+    return body
+
+
+def _check(r: httpx.Response, anthropic_shape: bool = False) -> None:
     assert r.status_code < 500 or r.status_code in ALLOWED_5XX, (r.status_code, r.text[:400])
-    if r.status_code >= 400:
+    if r.status_code >= 400 and anthropic_shape:
+        body = r.json()
+        assert body["type"] == "error" and body["error"]["type"] and body["error"]["message"], body
+    elif r.status_code >= 400:
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], err
     elif r.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -182,6 +219,56 @@ def test_completions_survive_hostile_bodies(gateway, model):
 
 def test_embeddings_survive_hostile_bodies(gateway):
     _fuzz(gateway, "embeddings", {"model": UPSTREAM_MODEL, "input": "hello"}, EMBEDDING_FIELDS)
+
+
+@pytest.mark.parametrize("model", ["edge", UPSTREAM_MODEL, "auto"])
+def test_messages_survive_hostile_bodies(gateway, model):
+    base = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+
+    @settings(FAST, max_examples=EXAMPLES // 3)
+    @given(body=_bodies(base, MESSAGES_FIELDS, FRONT_MESSAGE), encoding=ENCODINGS)
+    def run(body: dict[str, Any], encoding: str) -> None:
+        _check(_post(gateway, "/v1/messages", _bounded_front(body), encoding), anthropic_shape=True)
+
+    run()
+    _still_serving(gateway)
+
+
+@pytest.mark.parametrize("model", ["edge", "auto"])
+def test_responses_survive_hostile_bodies(gateway, model):
+    base = {"model": model, "max_output_tokens": 4, "input": "What is 2 + 2?"}
+
+    @settings(FAST, max_examples=EXAMPLES // 3)
+    @given(body=_bodies(base, RESPONSES_FIELDS, FRONT_MESSAGE), encoding=ENCODINGS,
+           path=st.sampled_from(["/v1/responses", "/v1/messages/count_tokens"]))
+    def run(body: dict[str, Any], encoding: str, path: str) -> None:
+        _check(_post(gateway, path, _bounded_front(body), encoding), anthropic_shape=path.startswith("/v1/messages"))
+
+    run()
+    _still_serving(gateway)
+
+
+def test_stored_response_routes_survive_hostile_ids_and_parameters(gateway):
+    made = httpx.post(gateway.url + "/v1/responses", json={"model": "edge", "input": "Hi.", "max_output_tokens": 2}, timeout=60)
+    assert made.status_code == 200, made.text
+    ids = st.one_of(st.just(made.json()["id"]), st.text(min_size=1, max_size=40).filter(lambda x: "/" not in x and x not in ".."))
+    params = st.dictionaries(st.sampled_from(["limit", "order", "after", "include", "stream"]),
+                             st.one_of(st.text(max_size=8), st.sampled_from(["0", "101", "-1", "1e9", "asc", "desc", "nan"])),
+                             max_size=3)
+
+    @settings(FAST, max_examples=EXAMPLES // 2)
+    @given(response_id=ids, params=params, route=st.sampled_from(["get", "items", "delete"]))
+    def run(response_id: str, params: dict[str, str], route: str) -> None:
+        url = f"{gateway.url}/v1/responses/{quote(response_id, safe='')}"
+        if route == "items":
+            r = httpx.get(url + "/input_items", params=params, timeout=30)
+        elif route == "get":
+            r = httpx.get(url, params=params, timeout=30)
+        else:
+            r = httpx.delete(url, timeout=30)
+        _check(r)
+
+    run()
 
 
 QUERY = st.dictionaries(

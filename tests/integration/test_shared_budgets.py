@@ -3,8 +3,9 @@
 (`on_outage: local_share`, the default, with room left; or `allow`) or answers 503 (`deny`);
 what was admitted alone reaches the store once it is back.
 
-The upstream is a fault upstream (tests/support/faults.py, mode "ok" with a delay so requests
-overlap), not llama.cpp: the properties are the store's, and the real model would only be slow.
+The upstream is a fixed-answer stub (tests/support/faults.py, mode "ok" with a delay so requests
+overlap), not llama.cpp: the properties are the gateway's and the store's own state (what is
+admitted, counted and refused), and the real model would only be slow.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _metric(gw: Any, name: str) -> float:
     return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name + " "))
 
 
-def test_a_requests_per_minute_limit_holds_across_two_replicas(bg, make_gateway, tmp_path, valkey):
+def test_a_requests_per_minute_limit_holds_across_two_replicas(bg, valkey, make_gateway, tmp_path):
     replicas = _replicas(bg, make_gateway, tmp_path, valkey, {"tenant": {"requests_per_minute": 10}})
     statuses = [_post(replicas[i % 2]).status_code for i in range(30)]
     assert statuses.count(200) == 10 and statuses.count(429) == 20, statuses
@@ -104,7 +105,7 @@ def _drain(bg: BackgroundLoop, gw: Any) -> None:
     bg.call(flush())
 
 
-def test_forty_concurrent_streams_on_two_replicas_overspend_by_at_most_one_reservation(bg, make_gateway, tmp_path, valkey):
+def test_forty_concurrent_streams_on_two_replicas_overspend_by_at_most_one_reservation(bg, valkey, make_gateway, tmp_path):
     limit = 2.0  # about fourteen reservations
     replicas = _replicas(bg, make_gateway, tmp_path, valkey, {"tenant": {"daily_spend_usd": limit}}, delay=0.3)
     statuses = asyncio.run(_fire([gw.url for gw in replicas], 40, stream=True))
@@ -140,7 +141,7 @@ async def _traffic_through_an_outage(urls: list[str], valkey: ValkeyServer) -> l
 
 
 @pytest.mark.parametrize("mode", ["local_share", "allow"])
-def test_a_store_outage_mid_traffic_fails_no_request_with_room_left(bg, make_gateway, tmp_path, valkey, mode):
+def test_a_store_outage_mid_traffic_fails_no_request_with_room_left(bg, valkey, make_gateway, tmp_path, mode):
     budgets = {"tenant": {"requests_per_minute": 100_000, "daily_spend_usd": 1000.0}}
     replicas = _replicas(bg, make_gateway, tmp_path, valkey, budgets, op_timeout_ms=300, on_outage=mode, heartbeat_s=0.2)
     statuses = asyncio.run(_traffic_through_an_outage([gw.url for gw in replicas], valkey))
@@ -162,7 +163,7 @@ def test_a_store_outage_mid_traffic_fails_no_request_with_room_left(bg, make_gat
     assert sum(_metric(gw, "tierlane_budget_store_fallback_admissions_total") for gw in replicas) == fallbacks
 
 
-def test_a_store_outage_answers_503_with_deny(bg, make_gateway, tmp_path, valkey):
+def test_a_store_outage_answers_503_with_deny(bg, valkey, make_gateway, tmp_path):
     replicas = _replicas(bg, make_gateway, tmp_path, valkey, {"tenant": {"requests_per_minute": 1000}},
                          on_outage="deny", op_timeout_ms=300)  # fmt: skip
     assert [_post(gw).status_code for gw in replicas] == [200, 200]

@@ -51,6 +51,7 @@ def test_cached_graph_is_reused_and_a_damaged_one_is_exported_again(sentence_enc
     assert repaired.backend == "onnx"
     assert cached.stat().st_size > 1_000_000
     assert not list(tmp_path.glob("*.tmp")), "the export left a temporary file behind"
+    assert cached.stat().st_mode & 0o777 == 0o644, "readable by a gateway running as another user than the export"
     vector = repaired.encode(["How do I convert Celsius to Fahrenheit?"])[0]
     assert float(vector @ sentence_encoder.encode(["How do I convert Celsius to Fahrenheit?"])[0]) > 0.99999
 

@@ -117,6 +117,27 @@ async def test_a_slow_compile_is_refused_at_its_deadline() -> None:
         compiler.close()
 
 
+async def test_a_compile_nobody_waits_for_any_more_is_cancelled_before_it_runs() -> None:
+    parsed: list[str] = []
+
+    def slow_parse(grammar: str) -> None:
+        parsed.append(grammar)
+        time.sleep(0.3)
+
+    compiler = GrammarCompiler(LIMITS, parse=slow_parse)
+    try:
+        first = asyncio.ensure_future(compiler.compile({"type": "json_object"}))
+        await asyncio.sleep(0.05)  # the compiler's one thread is busy with the first
+        gone = asyncio.ensure_future(compiler.compile(fmt({"type": "string", "maxLength": 5})))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # its client left before its compile started
+        await first
+        await asyncio.sleep(0.4)
+        assert len(parsed) == 1
+    finally:
+        compiler.close()
+
+
 @pytest.mark.slow
 def test_the_schema_that_crashed_the_process_is_refused_by_the_engine_path() -> None:
     """In a child process: before the bounds, llama.cpp's parser died with SIGSEGV on this schema."""

@@ -1,13 +1,20 @@
-"""The README results block: rewritten between its markers from the result files, nothing else touched."""
+"""The README results block: rewritten between its markers from the result files, nothing else touched;
+the committed block is the one the committed result files render, and every target they name has a
+verdict recomputed from their own figures."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.results_readme import END, START, main, rewrite
+from bench._verdicts import builder_for, holds, rate, speculative_record, target, wilson
+from bench.results_readme import END, START, main, render, rewrite
+
+REPO = Path(__file__).resolve().parents[3]
+RESULTS = REPO / "bench" / "results"
 
 
 def _results(tmp_path: Path) -> Path:
@@ -46,3 +53,81 @@ def test_block_is_appended_then_replaced_in_place(tmp_path: Path) -> None:
 def test_a_lone_marker_is_refused() -> None:
     with pytest.raises(ValueError, match="one results marker"):
         rewrite(f"text\n{START}\nno end\n", "block")
+
+
+def test_committed_readme_block_is_the_one_the_result_files_render() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = readme.find(START), readme.find(END)
+    assert start != -1 and end > start, "README.md has no results block"
+    committed = readme[start : end + len(END)]
+    assert committed == render(RESULTS), "README.md results are out of date: run bench/results_readme.py"
+
+
+def _keys(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_named_target_has_a_verdict_recomputed_from_the_files_own_figures(path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    build = builder_for(path.stem)
+    if any("target" in key for key in _keys(data) - {"verdicts"}):
+        assert build is not None, f"{path.name} names a target and bench/_verdicts.py has no builder for it"
+    if build is None:
+        assert "verdicts" not in data
+        return
+    assert data.get("verdicts"), f"{path.name} has no verdicts: run bench/_verdicts.py"
+    assert data["verdicts"] == build(data), f"{path.name}: verdicts differ from its own figures: run bench/_verdicts.py"
+    for record in data["verdicts"]:
+        assert record["met"] in (True, False, None) and "n" in record and record["target"]
+        if record["met"] is None:
+            assert record.get("status"), record
+        else:
+            assert record["met"] == holds(record["value"], record["op"], record["threshold"])
+            assert record["n"] is not None or record.get("note"), f"{record['figure']}: no sample size and no note why"
+
+
+def test_wilson_interval() -> None:
+    assert wilson(9, 10) == [0.5958, 0.9821]
+    assert wilson(0, 10) == [0.0, 0.2775]
+    assert wilson(1, 1) == [0.2065, 1.0]
+    assert wilson(0, 0) is None
+
+
+def test_a_rate_that_meets_its_target_on_one_sample_is_marked_inconclusive() -> None:
+    tiny = rate("precision", 1, 1, ">=", 0.97)
+    assert tiny["met"] is True and tiny["conclusive"] is False and tiny["interval_95"] == [0.2065, 1.0]
+    large = rate("precision", 9990, 10000, ">=", 0.97)
+    assert large["met"] is True and large["conclusive"] is True
+    missed = target("throughput_ratio_at_64", 0.425, ">=", 0.6, n=3000, n_of="requests")
+    assert missed["met"] is False and missed["target"] == ">= 0.6"
+    assert rate("precision", 0, 0, ">=", 0.9)["met"] is None
+
+
+def test_a_speed_up_without_drafted_tokens_gets_no_verdict() -> None:
+    runs = {
+        "everyday@8/on": {"drafted": 0, "accepted": 0, "completion_tokens": 1146},
+        "grounded@8/on": {"drafted": 9, "accepted": 3, "completion_tokens": 703},
+    }
+    idle = speculative_record("b_everyday_c8", runs, 0.94)
+    assert idle["met"] is None and idle["value"] is None and "not exercised" in idle["status"]
+    noisy = speculative_record("c_grounded_c8", runs, 1.13)
+    assert noisy["met"] is True and "noise" in noisy["note"]
+
+
+def test_verdicts_render_with_sample_size_interval_and_a_missed_target(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    data = {"benchmark": "cache_quality-like", "verdicts": [
+        target("throughput_ratio_at_64", 0.425, ">=", 0.6, n=3000, n_of="requests"),
+        rate("precision_stsb_test", 1, 1, ">=", 0.97, n_of="served pairs"),
+    ]}  # fmt: skip
+    (results / "other.json").write_text(json.dumps(data))
+    block = render(results)
+    assert "Against the targets: 1 met, 1 not met." in block
+    assert "| throughput_ratio_at_64 | 0.425 | 3000 (requests) | – | >= 0.6 | no |" in block
+    assert "| precision_stsb_test | 1 | 1 (served pairs) | 0.2065 to 1 | >= 0.97 | yes (the interval spans the target) |" in block

@@ -125,3 +125,20 @@ async def make_telemetry(tmp_path: Path, clock: Clock) -> AsyncIterator[Telemetr
     yield factory
     for telemetry in made:
         await telemetry.close()
+
+
+def tenant_budgets(**tenant: float) -> Any:
+    """Budgets with these limits on the tenant scope (policies.budgets.Budgets)."""
+    from policies.budgets import Budgets
+
+    return Budgets(Policy.load(extra={"budgets": {"enabled": True, "tenant": tenant}}))
+
+
+@pytest.fixture
+async def client(valkey: Any) -> AsyncIterator[Any]:
+    """A plain redis client on the test's Valkey server (to look at or pause the store)."""
+    import redis.asyncio as aioredis
+
+    c = aioredis.Redis.from_url(valkey.url)
+    yield c
+    await c.aclose()

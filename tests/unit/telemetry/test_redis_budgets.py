@@ -17,17 +17,7 @@ from policies.redis_budgets import RedisBudgets
 from policies.redis_mux import MuxClient
 from policies.shared_budgets import SharedBudgets
 from tests.support.valkey import ValkeyServer
-
-
-def _budgets(**tenant: float) -> Budgets:
-    return Budgets(Policy.load(extra={"budgets": {"enabled": True, "tenant": tenant}}))
-
-
-@pytest.fixture
-async def client(valkey: ValkeyServer) -> AsyncIterator[aioredis.Redis]:
-    c = aioredis.Redis.from_url(valkey.url)
-    yield c
-    await c.aclose()
+from tests.unit.telemetry.conftest import tenant_budgets as _budgets
 
 
 @pytest.fixture

@@ -1,0 +1,444 @@
+"""Target records for the result files: measured value, target, verdict, sample size, interval.
+
+Every `bench/results/<name>.json` whose benchmark names a target carries a `verdicts` list built
+here from the figures the file itself records, so a verdict can always be recomputed from the
+file (tests/unit/replay/test_results_readme.py does) and none is written by hand:
+
+    {"figure": "throughput_ratio_at_64", "value": 0.425, "target": ">= 0.6", "met": false,
+     "n": 3000, "n_of": "requests"}
+
+A rate (precision, recall, a share) also carries `k` (successes), `interval_95` (Wilson score
+interval) and `conclusive` (whether the whole interval lies on one side of the target: a
+precision of 1.0 from one served pair meets ">= 0.97" but says almost nothing). A figure whose
+mechanism did not act in the run (no drafted token, nothing kept) has `met: null` and a
+`status` saying why, never a verdict.
+
+    .venv/bin/python bench/_verdicts.py            # rewrite the verdicts of bench/results/*.json
+    .venv/bin/python bench/_verdicts.py --check    # exit 1 when a file's verdicts are out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+Record = dict[str, Any]
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> list[float] | None:
+    """Wilson score 95 % interval of a rate k/n (None when n is 0)."""
+    if n <= 0:
+        return None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def holds(value: float, op: str, threshold: float) -> bool:
+    if op == ">=":
+        return value >= threshold
+    if op == "<=":
+        return value <= threshold
+    if op == "==":
+        return value == threshold
+    if op == "within +-":
+        return abs(value) <= threshold
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def _conclusive(interval: list[float], op: str, threshold: float) -> bool:
+    """Whether the whole interval lies on one side of the target (same verdict at both ends)."""
+    lo, hi = interval
+    if op == "within +-":
+        return (-threshold <= lo and hi <= threshold) or hi < -threshold or lo > threshold
+    return holds(lo, op, threshold) == holds(hi, op, threshold)
+
+
+def target(
+    figure: str,
+    value: float | None,
+    op: str,
+    threshold: float,
+    *,
+    n: int | None = None,
+    n_of: str | None = None,
+    interval: list[float] | None = None,
+    note: str | None = None,
+) -> Record:
+    """One target record; `value` None (the file does not have the figure) gives `met: null`."""
+    record: Record = {"figure": figure, "value": value, "target": f"{op} {threshold:g}", "op": op, "threshold": threshold,
+                      "met": None if value is None else holds(value, op, threshold), "n": n}  # fmt: skip
+    if n_of:
+        record["n_of"] = n_of
+    if interval is not None and value is not None:
+        record["interval_95"] = interval
+        record["conclusive"] = _conclusive(interval, op, threshold)
+    if value is None:
+        record["status"] = "not measured"
+    if note:
+        record["note"] = note
+    return record
+
+
+def rate(figure: str, k: int, n: int, op: str, threshold: float, *, n_of: str | None = None, note: str | None = None) -> Record:
+    """A target on a rate k/n, with its Wilson interval; n == 0 gives `met: null` ("nothing counted")."""
+    if n <= 0:
+        record = target(figure, None, op, threshold, n=0, n_of=n_of, note=note)
+        record["status"] = f"not exercised (no {n_of or 'samples'})"
+        return record
+    record = target(figure, round(k / n, 4), op, threshold, n=n, n_of=n_of, interval=wilson(k, n), note=note)
+    record["k"] = k
+    return record
+
+
+def not_exercised(figure: str, op: str, threshold: float, why: str, *, n: int | None = None, n_of: str | None = None) -> Record:
+    record = target(figure, None, op, threshold, n=n, n_of=n_of)
+    record["status"] = f"not exercised ({why})"
+    return record
+
+
+def count_from_rate(share: float | None, n: int, decimals: int = 4) -> int | None:
+    """The count k behind a rate k/n recorded rounded to `decimals`, when exactly one k rounds to it."""
+    if share is None or n <= 0:
+        return None
+    k = round(share * n)
+    fits = [c for c in (k - 1, k, k + 1) if 0 <= c <= n and round(c / n, decimals) == round(share, decimals)]
+    return fits[0] if len(fits) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Per benchmark: the targets it names, evaluated on the figures its result file records.
+
+
+def _proxy_overhead(d: dict[str, Any]) -> list[Record]:
+    r = d.get("results", {})
+    one, many = r.get("concurrency_1", {}), r.get("concurrency_64", {})
+    n1 = one.get("tierlane", {}).get("n")
+    n64 = many.get("tierlane", {}).get("n")
+    return [
+        target("added_p50_ms_at_1", one.get("added_p50_ms"), "<=", 1, n=n1, n_of="requests"),
+        target("added_p99_ms_at_1", one.get("added_p99_ms"), "<=", 5, n=n1, n_of="requests"),
+        target("throughput_ratio_at_64", many.get("throughput_ratio"), ">=", 0.6, n=n64, n_of="requests"),
+    ]
+
+
+def _peers(d: dict[str, Any]) -> list[Record]:
+    out = []
+    n = d.get("requests_per_target")
+    for level, v in d.get("verdict", {}).items():
+        c = level.removeprefix("concurrency_")
+        out += [
+            target(f"passthrough_added_p99_vs_litellm_at_{c}", v["passthrough_added_p99_vs_litellm"], "<=", 0.1, n=n, n_of="requests"),
+            target(f"passthrough_rps_vs_litellm_at_{c}", v["passthrough_rps_vs_litellm"], ">=", 10, n=n, n_of="requests"),
+            target(f"full_pipeline_rps_vs_litellm_at_{c}", v["full_pipeline_rps_vs_litellm"], ">=", 3, n=n, n_of="requests"),
+        ]
+    return out
+
+
+def _cache_latency(d: dict[str, Any]) -> list[Record]:
+    t = d.get("targets", {})
+    miss, verify = d.get("miss_c1", {}), d.get("verify_per_lookup", {})
+    out = [target("miss_c1_p50_ms", miss.get("p50_ms"), "<=", t.get("miss_c1_p50_ms", 5.0), n=miss.get("n"), n_of="lookups")]
+    for name in ("exact", "paraphrase"):
+        hit = d.get(f"hit_e2e_{name}_c1", {})
+        out.append(target(f"hit_e2e_{name}_p50_ms", hit.get("p50_ms"), "<=", t.get("hit_e2e_p50_ms", 10.0), n=hit.get("n"), n_of="hits"))
+    out.append(target("verify_added_by_learned_p50_ms", verify.get("added_by_learned_p50_ms"), "<=",
+                      t.get("verify_added_by_learned_p50_ms", 0.5), n=verify.get("n"), n_of="lookups"))  # fmt: skip
+    return out
+
+
+def _cache_quality(d: dict[str, Any]) -> list[Record]:
+    threshold = d.get("target", {}).get("precision_on_every_source", 0.97)
+    test = d.get("at_policy_default", {}).get("test", {})
+    return [
+        rate(f"precision_{source}_test", int(f["true_hits"]), int(f["served"]), ">=", threshold, n_of="served pairs")
+        for source, f in test.items()
+    ]
+
+
+def _dashboard(d: dict[str, Any]) -> list[Record]:
+    threshold = d.get("target_page_load_p50_ms", 300.0)
+    unrecorded = "this run did not record its loads per view (bench/dashboard.py --repeat, default 30, now does)"
+    return [
+        target(f"page_load_p50_ms ({name})", v.get("page_load_p50_ms"), "<=", threshold, n=v.get("loads"), n_of="page loads",
+               note=None if "loads" in v else unrecorded)  # fmt: skip
+        for name, v in d.get("views", {}).items()
+    ]
+
+
+def _edge_decode(d: dict[str, Any]) -> list[Record]:
+    runs = d.get("setup", {}).get("rounds")
+    return [
+        target(f"engine_vs_sequential_at_8 ({mode})", ratio, ">=", 1.4, n=runs, n_of="rounds, best of")
+        for mode, ratio in d.get("engine_vs_sequential", {}).items()
+    ]
+
+
+def _edge_engine(d: dict[str, Any]) -> list[Record]:
+    out = []
+    for name, r in d.get("ratios", {}).items():
+        op, threshold = r["target"].split()
+        workload = name.split(".")[0]
+        if workload in d.get("workloads", {}):
+            n = d["workloads"][workload]["throughput"].get("concurrency_8", {}).get("engine", {}).get("requests")
+            n_of = "requests per run"
+        else:
+            n = d.get("long_prompt_interference", {}).get("during_long_prefill", {}).get("n")
+            n_of = "short requests during prefill"
+        out.append(target(name, r["value"], op, float(threshold), n=n, n_of=n_of))
+    return out
+
+
+SPECULATIVE = {
+    "a_grounded_c1": ("grounded@1", ">=", 1.5),
+    "b_everyday_c1": ("everyday@1", ">=", 0.97),
+    "b_everyday_c8": ("everyday@8", ">=", 0.97),
+    "c_grounded_c8": ("grounded@8", ">=", 1.0),
+}
+
+
+def speculative_record(key: str, runs: dict[str, Any], speedup: float | None) -> Record:
+    """A speed-up only where drafts were made; the note says when the accepted drafts cannot explain it."""
+    run, op, threshold = SPECULATIVE[key]
+    on = runs.get(f"{run}/on", {})
+    drafted, accepted, tokens = on.get("drafted", 0), on.get("accepted", 0), on.get("completion_tokens", 0)
+    figure = f"on/off tokens/s, {run.replace('@', ' at ')}"
+    if not drafted or speedup is None:
+        return not_exercised(figure, op, threshold, "no token drafted", n=tokens, n_of="completion tokens")
+    record = target(figure, speedup, op, threshold, n=tokens, n_of="completion tokens")
+    record["drafted"], record["accepted"] = drafted, accepted
+    # Most a speed-up can be if every accepted draft token cost nothing: tokens / (tokens - accepted).
+    bound = round(tokens / max(1, tokens - accepted), 3) if tokens else None
+    if bound is not None and speedup > 1 and speedup > bound:
+        record["note"] = f"above the {bound} that {accepted} accepted of {tokens} tokens can explain: run-to-run noise"
+    return record
+
+
+def _edge_speculative(d: dict[str, Any]) -> list[Record]:
+    summary, runs = d.get("summary", {}), d.get("runs", {})
+    return [speculative_record(key, runs, summary.get(key, {}).get("speedup")) for key in SPECULATIVE if key in summary]
+
+
+def _metering_overhead(d: dict[str, Any]) -> list[Record]:
+    setup = d.get("setup", {})
+    return [target("throughput_ratio_on_over_off", round(d["throughput_ratio_on_over_off"], 4), ">=", d.get("target_ratio", 0.9),
+                   n=setup.get("rounds"), n_of=f"rounds of {setup.get('requests_per_round')} requests, median")]  # fmt: skip
+
+
+def _router(d: dict[str, Any]) -> list[Record]:
+    mmlu, alpaca = d.get("held_out_mmlu", {}), d.get("held_out_alpaca", {})
+    rows = {"mmlu": mmlu.get("rows", 0), "alpaca": alpaca.get("rows", 0)}
+    rows["pooled"] = rows["mmlu"] + rows["alpaca"]
+    out = [
+        target("apgr_mmlu", mmlu.get("apgr"), ">=", 0.65, n=rows["mmlu"], n_of="held-out rows"),
+        target("apgr_alpaca", alpaca.get("apgr"), ">=", 0.62, n=rows["alpaca"], n_of="held-out rows"),
+    ]
+    errors = d.get("strong_share_error", {})
+    for case, error in errors.items():
+        source, aimed = case.rsplit("_", 1)
+        share = round(float(aimed) + error, 4)
+        figure = f"strong_share_error_{case} (share {share} aimed at {aimed})"
+        if source == "pooled":  # the mean of the two sources' shares, each weighing half
+            parts = [(round(float(aimed) + errors[f"{s}_{aimed}"], 4), rows[s]) for s in ("mmlu", "alpaca") if f"{s}_{aimed}" in errors]
+            se = 0.5 * math.sqrt(sum(p * (1 - p) / n for p, n in parts if n)) if len(parts) == 2 else None
+            interval = [round(error - 1.96 * se, 4), round(error + 1.96 * se, 4)] if se else None
+            out.append(target(figure, error, "within +-", 0.05, n=rows["pooled"], interval=interval,
+                              n_of="held-out rows, the two sources weighing half each (normal interval)"))  # fmt: skip
+            continue
+        n = rows.get(source, 0)
+        k = count_from_rate(share, n)
+        wide = wilson(k, n) if k is not None else None
+        interval = [round(x - float(aimed), 4) for x in wide] if wide else None
+        out.append(target(figure, error, "within +-", 0.05, n=n, n_of="held-out rows (Wilson interval of the share)", interval=interval))
+    return out
+
+
+def _router_latency(d: dict[str, Any]) -> list[Record]:
+    return [target("score_and_decide_p99_us", d.get("score_and_decide_us", {}).get("p99"), "<=", 1000, n=d.get("calls"), n_of="calls")]
+
+
+def _shared_state(d: dict[str, Any]) -> list[Record]:
+    r, out = d.get("results", {}), []
+    n = d.get("requests_per_backend")
+    for path in ("budgets_path", "budgets_and_cache_hit_path"):
+        for level, v in r.get(path, {}).items():
+            out.append(target(f"added_p50_ms, {path.replace('_', ' ')}, {level.removeprefix('concurrency_').replace('_', ' ')}",
+                              v.get("added_p50_ms"), "<=", 1, n=v.get("redis", {}).get("n", n), n_of="requests"))  # fmt: skip
+    limit = r.get("two_replicas_one_limit", {})
+    for backend, expected in (("embedded", 2.0), ("redis", 1.0)):
+        if backend in limit:
+            out.append(target(f"admitted_over_limit, two replicas, {backend}", limit[backend]["admitted_over_limit"], "==", expected,
+                              n=limit[backend].get("sent"), n_of="requests sent"))  # fmt: skip
+    cache = r.get("cache_across_replicas", {})
+    if "redis_minus_one_points" in cache:
+        out.append(target("cache hit rate, two redis replicas minus one replica (points)", cache["redis_minus_one_points"],
+                          "within +-", 2, n=cache.get("one_replica", {}).get("requests"), n_of="requests per set-up"))  # fmt: skip
+    return out
+
+
+def _edge_quality(d: dict[str, Any]) -> list[Record]:
+    threshold = d.get("thresholds", {}).get("target_local_accuracy", 0.9)
+    out = []
+    gateway = d.get("gateway") or {}
+    for name in ("shipped", "router_only"):
+        g = gateway.get(name)
+        if not g:
+            continue
+        kept = g.get("kept_local", g.get("upstream_calls_saved"))
+        right = g.get("kept_local_right", count_from_rate(g["local_precision"], kept) if kept else None)
+        figure = f"local precision through the gateway, {name.replace('_', ' ')}"
+        if kept == 0:
+            out.append(not_exercised(figure, ">=", threshold, "nothing kept local", n=0, n_of="answers kept local"))
+        elif kept is not None and right is not None:
+            out.append(rate(figure, right, kept, ">=", threshold, n_of="answers kept local"))
+    for set_name, body in d.get("sets", {}).items():
+        p = body.get("policies", {}).get("prior_cascade")
+        if not p:
+            continue
+        kept = int(p["kept"])
+        figure = f"local precision offline, {set_name}, prior + cascade"
+        right = count_from_rate(p["local_precision"], kept) if kept else None
+        if kept == 0:
+            out.append(not_exercised(figure, ">=", threshold, "nothing kept local", n=0, n_of="answers kept local"))
+        elif right is not None:
+            out.append(rate(figure, right, kept, ">=", threshold, n_of="answers kept local"))
+    return out
+
+
+def _front_doors(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    verdict, n = d.get("verdict", {}), d.get("requests_per_api")
+    for level, by_api in verdict.items():
+        if not level.startswith("concurrency_"):
+            continue
+        for api, r in by_api.items():
+            c = level.removeprefix("concurrency_")
+            out.append(target(f"{api} added p50 ms over chat at {c} in flight (client side)", r.get("added_p50_ms"), "<=", 0.3,
+                              n=n, n_of="requests per API"))
+            out.append(target(f"{api} added p50 ms over chat at {c} in flight (the gateway's own time)",
+                              r.get("added_self_p50_ms"), "<=", 0.3, n=n, n_of="requests per API"))
+    ttfb = d.get("results", {}).get("edge_stream_ttfb", {})
+    for api, r in verdict.get("edge_stream_ttfb", {}).items():
+        out.append(target(f"{api} edge stream time to first byte p50 / chat's", r.get("p50_ratio_to_chat"), "<=", 1.05,
+                          n=ttfb.get(api, {}).get("n"), n_of="streams per API"))
+    return out
+
+
+def _image(d: dict[str, Any]) -> list[Record]:
+    checks = d.get("checks") or {}
+    return [
+        target("image size MB", d.get("size_mb"), "<=", 1500, n=1, n_of="image built"),
+        target("start to /readyz s", d.get("startup_s"), "<=", 30, n=1, n_of="start"),
+        target("SIGTERM to exit s", d.get("stop_s"), "<=", 10, n=1, n_of="stop"),
+        target("checks failed", sum(1 for ok in checks.values() if not ok) if checks else None, "==", 0, n=len(checks),
+               n_of="checks"),
+    ]
+
+
+def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
+    schemas, outage = d.get("schemas", {}), d.get("outage", {})
+    cases = schemas.get("cases")
+    during = schemas.get("plain_edge_other_tenant", {}).get("during_hostile", {})
+    default = outage.get("modes", {}).get("local_share", {})
+    return [
+        target("process deaths over the hostile-schema run", schemas.get("process_deaths"), "==", 0, n=cases, n_of="hostile requests"),
+        target("5xx answers over the hostile-schema run", schemas.get("responses_5xx"), "==", 0, n=cases, n_of="hostile requests"),
+        target("another tenant's plain edge request p99 ms, during the hostile run", during.get("p99_ms"), "<=", 2000,
+               n=during.get("n"), n_of="plain requests"),
+        target("over-admission per replica through a 3 s store pause (on_outage: local_share)",
+               default.get("beyond_limit_per_replica"), "<=", 1, n=default.get("asked_during_pause"), n_of="requests asked"),
+    ]
+
+
+def _tiers(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    mmlu = d.get("mmlu", {})
+    shipped = {**mmlu.get("at_shipped_target", {}), "target_max_strong_share": "shipped, through the gateway"}
+    points = [p for p in [*mmlu.get("curve", []), shipped] if "quality_vs_all_strong" in p]
+    fit = [p for p in points if p["quality_vs_all_strong"] >= 0.95]
+    best = min(fit, key=lambda p: p["cost_vs_all_strong"]["per_token_cost_1_10"]["router"]) if fit else None
+    note = (f"cheapest point with quality >= 0.95: target {best['target_max_strong_share']}, share "
+            f"{best['strong_share']}, quality {best['quality_vs_all_strong']}") if best else "no point reaches 0.95 quality"
+    out.append(target("mmlu_cost_vs_all_strong_at_0.95_quality", best["cost_vs_all_strong"]["per_token_cost_1_10"]["router"] if best else None,
+                      "<=", 0.50, n=mmlu.get("rows"), n_of="held-out rows", note=note))  # fmt: skip
+    for source in ("mmlu", "alpaca"):
+        at = d.get(source, {}).get("at_shipped_target", {})
+        n = d.get(source, {}).get("rows")
+        out.append(target(f"{source}_quality_gain_over_random_at_shipped_target", at.get("quality_gain_over_random"), ">=", 0.03,
+                          n=n, n_of="held-out rows", note="quality as a fraction of all-strong, random at the same strong share"))
+        out.append(target(f"{source}_strong_share_error_at_shipped_target", at.get("strong_share_error"), "within +-", 0.05,
+                          n=n, n_of="held-out rows"))
+    return out
+
+
+BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
+    "front_doors": _front_doors,
+    "hostile_inputs": _hostile_inputs,
+    "image": _image,
+    "cache_latency": _cache_latency,
+    "cache_quality": _cache_quality,
+    "dashboard": _dashboard,
+    "edge_decode": _edge_decode,
+    "edge_engine": _edge_engine,
+    "edge_quality": _edge_quality,
+    "edge_speculative": _edge_speculative,
+    "metering_overhead": _metering_overhead,
+    "peers": _peers,
+    "proxy_overhead": _proxy_overhead,
+    "router": _router,
+    "router_latency": _router_latency,
+    "shared_state": _shared_state,
+    "tiers": _tiers,
+}
+
+
+def builder_for(stem: str) -> Callable[[dict[str, Any]], list[Record]] | None:
+    """The builder of a result file (`metering_overhead_sampled_0.1` is a metering_overhead run)."""
+    for name in sorted(BUILDERS, key=len, reverse=True):
+        if stem == name or stem.startswith(name + "_"):
+            return BUILDERS[name]
+    return None
+
+
+def verdicts(name: str, data: dict[str, Any]) -> list[Record]:
+    build = builder_for(name)
+    if build is None:
+        raise KeyError(f"no targets known for {name}")
+    return build(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--check", action="store_true", help="do not write; exit 1 if a file's verdicts are out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in sorted(args.results.glob("*.json")):
+        build = builder_for(path.stem)
+        if build is None:
+            continue
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+        fresh = build(data)
+        if data.get("verdicts") == fresh:
+            continue
+        stale.append(path.name)
+        if not args.check:
+            data["verdicts"] = fresh
+            indent = 1 if text.startswith("{\n \"") else 2
+            path.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
+    if stale:
+        print(("out of date: " if args.check else "rewrote: ") + ", ".join(stale), file=sys.stderr if args.check else sys.stdout)
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

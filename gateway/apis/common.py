@@ -1,0 +1,82 @@
+"""What the front doors share: the chat context they build, dropped-field records, SSE frames."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway import protocol
+from gateway.context import Api, RequestContext, Usage
+from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
+from gateway.routes.openai import read_body
+
+# The span attribute that lists the fields a front door accepted but could not pass on.
+DROPPED_ATTRIBUTE = "tierlane.dropped_fields"
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body (size-limited like every other endpoint)."""
+    return protocol.parse_body(await read_body(request, request.app[SETTINGS].server.max_body_bytes))
+
+
+def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: Iterable[str] = ()) -> RequestContext:
+    """The context of a translated request: `body` is a chat-completions body, validated as one."""
+    wire = protocol.validate("chat", body, max_n=request.app[SETTINGS].server.max_n)
+    ctx = RequestContext(
+        request_id=request[REQUEST_ID],
+        operation="chat",
+        body=body,
+        headers=request.headers,
+        principal=request[PRINCIPAL],
+        model=wire.model,
+        stream=wire.stream,
+        api=api,
+        received_at=request[RECEIVED_AT],
+        request=wire,
+    )
+    names = sorted(set(dropped))
+    if names:
+        ctx.attributes[DROPPED_ATTRIBUTE] = ",".join(names)
+    return ctx
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event with a name (the framing both Anthropic's and the Responses API use)."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def answer_usage(ctx: RequestContext, body: dict[str, Any] | None) -> Usage:
+    """The answer's usage: what the lane reported on ctx, else the body's own, else none."""
+    if ctx.usage is not None:
+        return ctx.usage
+    return Usage.from_openai((body or {}).get("usage")) or Usage()
+
+
+def first_choice(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The message and finish reason of a chat answer's first choice (front doors ask for n=1)."""
+    choices = body.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    reason = choice.get("finish_reason")
+    return (message if isinstance(message, dict) else {}), (reason if isinstance(reason, str) else None)
+
+
+def tool_calls(message: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(id, name, arguments) of each tool call of a chat message."""
+    out: list[tuple[str, str, str]] = []
+    for call in message.get("tool_calls") or ():
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
+        out.append((str(call.get("id") or new_id("call_")), str(function.get("name") or ""), str(function.get("arguments") or "")))
+    return out

@@ -1,0 +1,208 @@
+"""The Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a front door.
+
+A Messages request becomes the chat-completions body an equivalent chat request would send, so
+every stage (and the cache key) sees the same question whichever API asked it; the chat answer
+comes back as a Message, or as Anthropic's stream events. Errors keep Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway import protocol
+from gateway.apis.common import answer_usage, chat_context, first_choice, new_id, read_json, sse, tool_calls
+from gateway.apis.messages_wire import CountTokensRequest, MessagesRequest, to_chat
+from gateway.context import RequestContext, Usage
+from gateway.errors import GatewayError
+from gateway.keys import ERROR_FORMATS, SERVICES
+from gateway.respond import StreamEncoder, serve
+from telemetry.tokens import heuristic_count
+
+# Chat finish reasons as Anthropic stop reasons.
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
+                "content_filter": "refusal"}
+
+
+# Answers -----------------------------------------------------------------------------------
+
+
+def usage_block(usage: Usage) -> dict[str, int]:
+    """Anthropic's usage: input_tokens excludes the tokens read from a prompt cache."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    return {
+        "input_tokens": usage.input_tokens - cached,
+        "output_tokens": usage.output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as the object Anthropic's `input` is ({} when they are none)."""
+    try:
+        value = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def to_message(ctx: RequestContext, body: dict[str, Any], message_id: str) -> dict[str, Any]:
+    """A chat answer as a Message."""
+    message, reason = first_choice(body)
+    content: list[dict[str, Any]] = []
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    for call_id, name, arguments in tool_calls(message):
+        content.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input(arguments)})
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or ctx.model,
+        "content": content,
+        "stop_reason": STOP_REASONS.get(reason or "stop", "end_turn"),
+        "stop_sequence": None,
+        "usage": usage_block(answer_usage(ctx, body)),
+    }
+
+
+class MessagesEncoder:
+    """Chat chunks as Anthropic's events: message_start, content blocks, message_delta, message_stop."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        self.id = new_id("msg_")
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: int | None = None  # the index of the block still open
+        self.open_text = False
+        self.tools: dict[int, int] = {}  # chat tool call index -> content block index
+        self.native = False  # the events come from an upstream that serves the Messages API
+
+    def _start(self, model: Any) -> bytes:
+        self.started = True
+        usage = usage_block(self.ctx.usage or Usage())  # known at once only for cache hits
+        usage["output_tokens"] = 0
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": model or self.ctx.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None, "usage": usage}
+        return sse("message_start", {"type": "message_start", "message": message})
+
+    def _close(self) -> bytes:
+        if self.open is None:
+            return b""
+        index, self.open, self.open_text = self.open, None, False
+        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _open(self, block: dict[str, Any]) -> bytes:
+        closed = self._close()
+        self.open = index = self.blocks
+        self.blocks += 1
+        return closed + sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        native = chunk.get("native")
+        if native is not None:  # an upstream serving the Messages API: its own events, as they come
+            self.native = True
+            return sse(str(native.get("type")), native)
+        out = [] if self.started else [self._start(chunk.get("model"))]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                if not self.open_text:
+                    out.append(self._open({"type": "text", "text": ""}))
+                    self.open_text = True
+                out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.open,
+                                                       "delta": {"type": "text_delta", "text": text}}))
+            for call in delta.get("tool_calls") or ():
+                position = call.get("index", 0)
+                function = call.get("function") or {}
+                if position not in self.tools:
+                    block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or new_id("toolu_"), "name": function.get("name") or "",
+                             "input": {}}
+                    out.append(self._open(block))
+                    self.tools[position] = self.blocks - 1
+                if function.get("arguments"):
+                    out.append(sse("content_block_delta", {"type": "content_block_delta", "index": self.tools[position],
+                                                           "delta": {"type": "input_json_delta",
+                                                                     "partial_json": function["arguments"]}}))
+        return b"".join(out)
+
+    async def end(self, response: dict[str, Any]) -> bytes:
+        if self.native:
+            return b""  # message_stop came from the upstream
+        out = [] if self.started else [self._start(response.get("model"))]
+        out.append(self._close())
+        _, reason = first_choice(response)
+        delta = {"stop_reason": STOP_REASONS.get(reason or "stop", "end_turn"), "stop_sequence": None}
+        usage = usage_block(answer_usage(self.ctx, response))
+        out.append(sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+        out.append(sse("message_stop", {"type": "message_stop"}))
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return sse("error", error_payload(err))
+
+
+class MessagesWire:
+    async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        return to_message(ctx, body, new_id("msg_"))
+
+    def encoder(self, ctx: RequestContext) -> StreamEncoder:
+        return MessagesEncoder(ctx)
+
+
+WIRE = MessagesWire()
+
+# Errors ------------------------------------------------------------------------------------
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_payload(err: GatewayError) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(err.status) or ("invalid_request_error" if err.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def render_error(err: GatewayError, request_id: str) -> bytes:
+    return orjson.dumps({**error_payload(err), "request_id": request_id})
+
+
+# Handlers ----------------------------------------------------------------------------------
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    raw = await read_json(request)
+    body, dropped = to_chat(protocol.check(MessagesRequest, raw), raw)
+    ctx = chat_context(request, body, "messages", dropped)
+    ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
+    ctx.native_body = raw  # for an upstream that serves the Messages API itself
+    return await serve(request, ctx, WIRE)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    raw = await read_json(request)
+    body, _ = to_chat(protocol.check(CountTokensRequest, raw), raw)
+    services = request.app.get(SERVICES)
+    telemetry = services.telemetry if services is not None else None
+    if telemetry is not None:
+        usage = await asyncio.to_thread(telemetry.estimate_usage, body, None)
+        tokens = usage.input_tokens
+    else:
+        tokens = heuristic_count(orjson.dumps(body["messages"]).decode())
+    return web.json_response({"input_tokens": tokens})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app[ERROR_FORMATS]["/v1/messages"] = render_error

@@ -1,0 +1,274 @@
+"""The OpenAI Responses API (`/v1/responses`) as a front door, with stored responses.
+
+`POST /v1/responses` translates into the chat body an equivalent chat request would send and
+renders the answer as a Response (or its stream of events). With `store` (the API's default)
+the response, its input items and the conversation before them are kept in the state backend,
+per tenant, so `previous_response_id`, GET, DELETE and `input_items` work across replicas.
+Errors keep OpenAI's shape (the gateway's own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway import protocol
+from gateway.apis.common import answer_usage, chat_context, first_choice, new_id, read_json, sse
+from gateway.apis.response_store import ResponseStore, StoreFailed
+from gateway.apis.responses_wire import (
+    ResponsesRequest,
+    call_item,
+    call_item_id,
+    envelope,
+    input_items,
+    message_item,
+    message_item_id,
+    output_items,
+    output_text,
+    status_of,
+    to_chat,
+    usage_block,
+)
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.keys import PRINCIPAL, SERVICES
+from gateway.respond import StreamEncoder, serve
+
+
+@dataclass(slots=True)
+class Turn:
+    """One Responses request: what it asked, the conversation it continues, where it is kept."""
+
+    req: ResponsesRequest
+    id: str
+    created_at: int
+    tenant: str
+    inputs: list[dict[str, Any]]  # this request's input items
+    context: list[dict[str, Any]]  # the items of the conversation before them
+    store: ResponseStore | None  # None: store false, nothing is kept
+    model: str = ""
+
+    def response(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        """The whole Response for a chat answer."""
+        _, reason = first_choice(body)
+        status, details = status_of(reason)
+        out = envelope(self.req, self.id, self.created_at, str(body.get("model") or self.model or ctx.model))
+        out.update(status=status, incomplete_details=details, output=output_items(self.id, body),
+                   usage=usage_block(answer_usage(ctx, body)))
+        return out
+
+    async def keep(self, response: dict[str, Any]) -> None:
+        if self.store is not None:
+            record = {"response": response, "input": self.inputs, "context": self.context}
+            await self.store.put(self.tenant, self.id, record)
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str  # message | function_call
+    index: int  # output_index
+    id: str
+    text: list[str] = field(default_factory=list)  # the message's text, or the call's arguments
+    call_id: str = ""
+    name: str = ""
+
+
+class ResponsesEncoder:
+    """Chat chunks as Responses events, each with its sequence_number; no [DONE]."""
+
+    def __init__(self, ctx: RequestContext, turn: Turn) -> None:
+        self.ctx = ctx
+        self.turn = turn
+        self.seq = 0
+        self.started = False
+        self.items: list[_Item] = []
+        self.open: _Item | None = None
+        self.calls: dict[int, _Item] = {}
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, **fields, "sequence_number": self.seq}
+        self.seq += 1
+        return sse(kind, data)
+
+    def _start(self, model: Any) -> bytes:
+        self.started = True
+        self.turn.model = str(model or self.ctx.model)
+        response = envelope(self.turn.req, self.turn.id, self.turn.created_at, self.turn.model)
+        return self._event("response.created", response=response) + self._event("response.in_progress", response=response)
+
+    def _close(self) -> bytes:
+        item, self.open = self.open, None
+        if item is None:
+            return b""
+        text = "".join(item.text)
+        if item.kind == "message":
+            part = output_text(text)
+            done = message_item(self.turn.id, text, "completed")
+            return (self._event("response.output_text.done", item_id=item.id, output_index=item.index, content_index=0,
+                                text=text, logprobs=[])
+                    + self._event("response.content_part.done", item_id=item.id, output_index=item.index,
+                                  content_index=0, part=part)
+                    + self._event("response.output_item.done", output_index=item.index, item=done))
+        position = int(item.id.rsplit("_", 1)[1])
+        done = call_item(self.turn.id, position, item.call_id, item.name, text, "completed")
+        return (self._event("response.function_call_arguments.done", item_id=item.id, output_index=item.index,
+                            arguments=text, name=item.name)
+                + self._event("response.output_item.done", output_index=item.index, item=done))
+
+    def _add(self, item: _Item, shown: dict[str, Any]) -> bytes:
+        closed = self._close()
+        self.items.append(item)
+        self.open = item
+        return closed + self._event("response.output_item.added", output_index=item.index, item=shown)
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = [] if self.started else [self._start(chunk.get("model"))]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                item = self.open
+                if item is None or item.kind != "message":
+                    item = _Item("message", len(self.items), message_item_id(self.turn.id))
+                    shown = {"id": item.id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+                    out.append(self._add(item, shown))
+                    out.append(self._event("response.content_part.added", item_id=item.id, output_index=item.index,
+                                           content_index=0, part=output_text("")))
+                item.text.append(text)
+                out.append(self._event("response.output_text.delta", item_id=item.id, output_index=item.index,
+                                       content_index=0, delta=text, logprobs=[]))
+            for call in delta.get("tool_calls") or ():
+                position = call.get("index", 0)
+                function = call.get("function") or {}
+                item = self.calls.get(position)
+                if item is None:
+                    item = self.calls[position] = _Item(
+                        "function_call", len(self.items), call_item_id(self.turn.id, position),
+                        call_id=call.get("id") or new_id("call_"), name=function.get("name") or "")
+                    shown = call_item(self.turn.id, position, item.call_id, item.name, "", "in_progress")
+                    out.append(self._add(item, shown))
+                if function.get("arguments"):
+                    item.text.append(function["arguments"])
+                    out.append(self._event("response.function_call_arguments.delta", item_id=item.id,
+                                           output_index=item.index, delta=function["arguments"]))
+        return b"".join(out)
+
+    async def end(self, response: dict[str, Any]) -> bytes:
+        out = [] if self.started else [self._start(response.get("model"))]
+        out.append(self._close())
+        whole = self.turn.response(self.ctx, response)
+        await self.turn.keep(whole)
+        kind = "response.completed" if whole["status"] == "completed" else "response.incomplete"
+        out.append(self._event(kind, response=whole))
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return self._event("error", code=err.code or err.type, message=err.message, param=err.param)
+
+
+class ResponsesWire:
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+
+    async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.turn.response(ctx, body)
+        await self.turn.keep(response)
+        return response
+
+    def encoder(self, ctx: RequestContext) -> StreamEncoder:
+        return ResponsesEncoder(ctx, self.turn)
+
+
+# Handlers ------------------------------------------------------------------------------------
+
+
+def _store(request: web.Request) -> ResponseStore:
+    services = request.app.get(SERVICES)
+    store = services.responses if services is not None else None
+    if store is None:
+        raise StoreFailed("the response store is not running")
+    return store
+
+
+def _not_found(response_id: str, param: str = "response_id") -> NotFound:
+    return NotFound(f"no response with id '{response_id}' was found", param=param)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    raw = await read_json(request)
+    req = protocol.check(ResponsesRequest, raw)
+    tenant = request[PRINCIPAL].tenant
+    store = _store(request)
+    context: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        previous = await store.get(tenant, req.previous_response_id)
+        if previous is None:
+            raise _not_found(req.previous_response_id, "previous_response_id")
+        context = [*previous["context"], *previous["input"], *previous["response"]["output"]]
+    inputs = input_items(req)
+    body, dropped = to_chat(req, raw, [*context, *inputs])
+    turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
+                context=context, store=store if req.store else None)
+    return await serve(request, chat_context(request, body, "responses", dropped), ResponsesWire(turn))
+
+
+async def _record(request: web.Request) -> dict[str, Any]:
+    response_id = request.match_info["response_id"]
+    record = await _store(request).get(request[PRINCIPAL].tenant, response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return record
+
+
+async def get_response(request: web.Request) -> web.Response:
+    return web.json_response((await _record(request))["response"])
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if not await _store(request).delete(request[PRINCIPAL].tenant, response_id):
+        raise _not_found(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    """The response's input items, newest first by default (`order`, `after`, `limit` as OpenAI's)."""
+    items: list[dict[str, Any]] = list((await _record(request))["input"])
+    query = request.query
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be asc or desc", param="order")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer from 1 to 100", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be an integer from 1 to 100", param="limit")
+    if order == "desc":
+        items.reverse()
+    after = query.get("after")
+    if after:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidRequest(f"no input item with id '{after}' in this response", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return web.json_response({
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    })
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)

@@ -1,0 +1,53 @@
+"""An upstream that serves the Messages API itself (as vLLM and Anthropic do), recording what it gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tests.support.faults import Recorder
+
+TEXT = "Paris is the capital."
+USAGE = {"input_tokens": 11, "output_tokens": 5, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0}
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def anthropic_app(rec: Recorder) -> web.Application:
+    """Answers every /v1/messages with a thinking block and TEXT, as JSON or as Anthropic's events."""
+
+    async def messages(request: web.Request) -> web.StreamResponse:
+        rec.hits += 1
+        rec.headers.append(dict(request.headers))
+        body = await request.json()
+        rec.bodies.append(body)
+        message = {"id": "msg_native", "type": "message", "role": "assistant", "model": body["model"],
+                   "content": [{"type": "thinking", "thinking": "Easy.", "signature": "sig"}, {"type": "text", "text": TEXT}],
+                   "stop_reason": "end_turn", "stop_sequence": None, "usage": USAGE}
+        if not body.get("stream"):
+            return web.json_response(message)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        start = {**message, "content": [], "stop_reason": None, "usage": {**USAGE, "output_tokens": 1}}
+        await resp.write(_event({"type": "message_start", "message": start}))
+        await resp.write(_event({"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+        await resp.write(_event({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Easy."}}))
+        await resp.write(_event({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}))
+        await resp.write(_event({"type": "content_block_stop", "index": 0}))
+        await resp.write(_event({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}))
+        for piece in ("Paris ", "is the ", "capital."):
+            await resp.write(_event({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": piece}}))
+        await resp.write(_event({"type": "content_block_stop", "index": 1}))
+        await resp.write(_event({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                 "usage": {"output_tokens": USAGE["output_tokens"]}}))
+        await resp.write(_event({"type": "message_stop"}))
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    return app

@@ -1,0 +1,77 @@
+"""The edge gate learns from the cascade's verdicts: neighbours that escalated, and a negative net saving."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.edge_feedback import EdgeFeedback, FeedbackSettings
+
+KEY = ("t", "a")
+SETTINGS = FeedbackSettings(explore_every=0)
+
+
+def vec(i: int, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    """A unit vector near basis direction i (cosine with it about 1 - noise^2/2)."""
+    rng = np.random.default_rng(seed)
+    v = np.zeros(384, dtype=np.float32)
+    v[i] = 1.0
+    v += noise * rng.standard_normal(384).astype(np.float32) / np.sqrt(384)
+    return v / np.linalg.norm(v)
+
+
+def test_prompts_like_ones_that_escalated_stop_trying_the_edge() -> None:
+    fb = EdgeFeedback()
+    assert fb.gate(KEY, vec(0), 0.9, 0.5, SETTINGS).try_edge  # nothing learnt yet
+    for seed in range(3):
+        fb.record(KEY, vec(0, 0.1, seed), escalated=True, saving=1.0, settings=SETTINGS)  # savings kept positive
+    gate = fb.gate(KEY, vec(0, 0.1, 99), 0.9, 0.5, SETTINGS)
+    assert (gate.try_edge, gate.reason, gate.neighbours, gate.escalated_share) == (False, "calibration_history", 3, 1.0)
+    assert fb.gate(KEY, vec(7), 0.9, 0.5, SETTINGS).try_edge  # an unlike prompt still tries
+    assert fb.gate(("other", "a"), vec(0), 0.9, 0.5, SETTINGS).try_edge  # per tenant/app
+
+
+def test_kept_neighbours_keep_a_prompt_on_the_edge() -> None:
+    fb = EdgeFeedback()
+    for seed in range(4):
+        fb.record(KEY, vec(1, 0.1, seed), escalated=seed == 0, saving=1.0, settings=SETTINGS)
+    gate = fb.gate(KEY, vec(1, 0.1, 50), 0.9, 0.5, SETTINGS)
+    assert gate.try_edge and gate.escalated_share == 0.25
+
+
+def test_a_negative_net_saving_tightens_the_gate_until_it_is_not() -> None:
+    fb = EdgeFeedback()
+    for i in range(4):  # four escalations of unrelated prompts: the window's net saving is negative
+        fb.record(KEY, vec(10 + i), escalated=True, saving=-0.01, settings=SETTINGS)
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.2) < 1e-9
+    held = fb.gate(KEY, vec(3), 0.65, 0.5, SETTINGS)  # 0.65 < 0.5 + 0.2
+    assert (held.try_edge, held.reason) == (False, "calibration_net_saving")
+    assert fb.gate(KEY, vec(3), 0.75, 0.5, SETTINGS).try_edge
+    fb.record(KEY, vec(20), escalated=False, saving=0.1, settings=SETTINGS)  # one kept answer pays for them
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - (0.2 - 0.0125)) < 1e-9
+    for i in range(20):
+        fb.record(KEY, vec(30 + i), escalated=False, saving=0.01, settings=SETTINGS)
+    state = fb.state(KEY)
+    assert state is not None and state["margin"] == 0.0
+    assert fb.gate(KEY, vec(3), 0.65, 0.5, SETTINGS).try_edge
+
+
+def test_a_tight_gate_still_explores() -> None:
+    fb = EdgeFeedback()
+    settings = FeedbackSettings(explore_every=3)
+    fb.record(KEY, vec(5), escalated=True, saving=-1.0, settings=settings)
+    tries = [fb.gate(KEY, vec(6), 0.52, 0.5, settings).try_edge for _ in range(6)]
+    assert tries == [False, False, True, False, False, True]
+
+
+def test_memory_and_keys_are_bounded() -> None:
+    fb = EdgeFeedback()
+    small = FeedbackSettings(memory=4, window=3, explore_every=0)
+    for i in range(10):
+        fb.record(KEY, vec(i), escalated=False, saving=1.0, settings=small)
+    state = fb.state(KEY)
+    assert state is not None and (state["remembered"], state["attempts"]) == (4.0, 3.0)
+    for i in range(300):
+        fb.record((f"t{i}", "a"), vec(0), escalated=False, saving=1.0, settings=small)
+    assert fb.state(KEY) is None  # the least recently used tenant/app was forgotten
