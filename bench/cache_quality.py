@@ -65,7 +65,7 @@ def by_split(hit: np.ndarray, y: np.ndarray, source: np.ndarray, split: np.ndarr
             for s in REPORTED}  # fmt: skip
 
 
-def verdicts(test: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def source_verdicts(test: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for src, target in TARGETS.items():
         got = test[src]
@@ -119,7 +119,7 @@ def main() -> int:
     started = time.perf_counter()
     for start in tqdm(range(0, len(order), 32), desc="cross-encoder", unit="batch", mininterval=5.0):
         rows = order[start : start + 32]
-        prob[rows] = encoder.probabilities([(pairs[i].a, pairs[i].b) for i in rows])
+        prob[rows] = encoder.probabilities([(pairs[i].a, pairs[i].b) for i in rows], cosine[rows])
     seconds = time.perf_counter() - started
     ce_gate = cosine >= float(chosen["gate"])
     ce_vetoed = vetoed_all if chosen["vetoes"] else np.zeros(len(pairs), bool)
@@ -167,8 +167,8 @@ def main() -> int:
                                      y[(split == s) & (source == src)]) for src in SOURCES} for s in REPORTED}  # fmt: skip
     ap_cosine = {s: {src: average_precision(cosine[(split == s) & (source == src)], y[(split == s) & (source == src)])
                      for src in SOURCES} for s in REPORTED}  # fmt: skip
-    test_verdicts = verdicts(policy["test"])
-    ce_verdicts = verdicts(cross_encoder["test"])
+    test_verdicts = source_verdicts(policy["test"])
+    ce_verdicts = source_verdicts(cross_encoder["test"])
     false_hits_by_kind = {
         s: {k: int((served & (y == 0) & (kind == k) & (split == s)).sum()) for k in sorted(set(kind[y == 0].tolist()))}
         for s in REPORTED

@@ -1,8 +1,11 @@
 """The cache's cross-encoder verifier at serve time: onnxruntime and `tokenizers`, no torch.
 
 A cross-encoder reads both request texts together ("[CLS] query [SEP] candidate [SEP]") and gives
-one logit that they ask the same thing; its sigmoid is the probability the policy compares with
-`cache.verify.min_probability`. Fine-tuned from the bundled all-MiniLM-L6-v2 weights by
+one logit that they ask the same thing. The probability the policy compares with
+`cache.verify.min_probability` is a logistic blend of that logit and the bi-encoder cosine the
+lookup already has (`blend` in the artifact's meta, fitted on the selection split: the two
+disagree in different places, and together they rank pairs better than either), or the logit's
+sigmoid when the meta has no blend. Fine-tuned from the bundled all-MiniLM-L6-v2 weights by
 policies/cache/cross_encoder_train.py, exported to ONNX and quantised to int8 there; the
 artifact (`artifacts/cross_encoder.onnx`, with `cross_encoder.json` beside it) is read here, with
 the bundled model's own tokenizer (the vocabulary the fine-tuning kept).
@@ -106,10 +109,23 @@ class CrossEncoder:
         self.pairs += len(fits)
         return out
 
-    def probabilities(self, pairs: list[tuple[str, str]]) -> np.ndarray:
-        """The sigmoid of each pair's logit (0 for a pair too long to score)."""
-        logits = self.logits(pairs)
-        return np.where(np.isfinite(logits), sigmoid(logits), 0.0)
+    def probabilities(self, pairs: list[tuple[str, str]], cosine: np.ndarray | list[float] | None = None) -> np.ndarray:
+        """Each pair's probability (0 for a pair too long to score); `cosine` (the pairs'
+        bi-encoder cosines) is needed when the artifact carries a blend."""
+        return self.calibrate(self.logits(pairs), cosine)
+
+    def calibrate(self, logits: np.ndarray, cosine: np.ndarray | list[float] | None = None) -> np.ndarray:
+        """Probabilities from logits (and cosines, for a blend); -inf logits give 0."""
+        blend = self.meta.get("blend")
+        finite = np.isfinite(logits)
+        if blend:
+            if cosine is None:
+                raise ValueError(f"{self.path}: this cross-encoder blends its logit with the pair's cosine; pass cosine")
+            z = float(blend["logit"]) * np.where(finite, logits, 0.0) + float(blend["cosine"]) * np.asarray(cosine, dtype=np.float64)
+            z = z + float(blend["bias"])
+        else:
+            z = np.where(finite, logits, 0.0)
+        return np.where(finite, sigmoid(z), 0.0)
 
 
 @lru_cache(maxsize=4)

@@ -71,7 +71,9 @@ def decide_many(
     if survivors:
         assert checks.verifier is not None
         if is_cross_encoder(checks.verifier):
-            scored = load_cross_encoder(checks.verifier).probabilities([(query, candidates[i][1]) for i in survivors]).tolist()
+            scored = load_cross_encoder(checks.verifier).probabilities(
+                [(query, candidates[i][1]) for i in survivors], [candidates[i][0] for i in survivors]
+            ).tolist()
         else:
             scored = _previous_verifier(query, [candidates[i] for i in survivors], checks, query_vector)
         for i, probability in zip(survivors, scored):

@@ -48,12 +48,13 @@ def test_the_artifacts_are_small_and_the_policy_names_them() -> None:
 @pytest.mark.slow
 def test_the_scorer_puts_a_paraphrase_above_a_negation_and_an_antonym() -> None:
     encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
-    paraphrase, negation, antonym = encoder.probabilities([PARAPHRASE, NEGATION, ANTONYM]).tolist()
+    # The same cosine for all three: the order comes from the cross-encoder's reading of the pairs.
+    paraphrase, negation, antonym = encoder.probabilities([PARAPHRASE, NEGATION, ANTONYM], [0.9, 0.9, 0.9]).tolist()
     assert all(0.0 <= p <= 1.0 for p in (paraphrase, negation, antonym))
     assert paraphrase > negation and paraphrase > antonym
     # Scored alone (no padding) close to the batch: int8 dynamic quantisation scales activations
     # per call, so a batch's range moves the figure a little.
-    alone = encoder.probabilities([PARAPHRASE])[0]
+    alone = encoder.probabilities([PARAPHRASE], [0.9])[0]
     assert alone == pytest.approx(paraphrase, abs=0.05)
 
 
@@ -61,9 +62,19 @@ def test_the_scorer_puts_a_paraphrase_above_a_negation_and_an_antonym() -> None:
 def test_a_pair_too_long_to_read_whole_is_not_scored() -> None:
     encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
     long_text = "tell me about the history of the city " * 20
-    probabilities = encoder.probabilities([(long_text, long_text), PARAPHRASE])
+    probabilities = encoder.probabilities([(long_text, long_text), PARAPHRASE], [1.0, 0.9])
     assert probabilities[0] == 0.0 and probabilities[1] > 0.0
     assert encoder.pairs == 1  # only the pair that fits went to the graph
+
+
+@pytest.mark.slow
+def test_the_blend_reads_the_cosine() -> None:
+    encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
+    assert encoder.meta["blend"]["cosine"] > 0  # fitted on the selection split: a closer pair is likelier the same
+    low, high = encoder.probabilities([PARAPHRASE, PARAPHRASE], [0.75, 0.95]).tolist()
+    assert low < high
+    with pytest.raises(ValueError, match="cosine"):
+        encoder.probabilities([PARAPHRASE])
 
 
 def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) -> None:
