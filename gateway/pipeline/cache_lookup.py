@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def bound_scope(tenant: str, app: str) -> str:
+    """The scope `cache.max_error_rate` is kept for: one tenant's app."""
+    return f"{tenant}/{app}"
+
+
 @dataclass(slots=True)
 class CacheLookupStage:
     """Sets ctx.cache_status/key/similarity; on a hit answers with the stored completion."""
@@ -45,14 +50,21 @@ class CacheLookupStage:
             ctx.attributes["tierlane.cache.bypass_reason"] = "no-cache"
             return None
         max_tokens = ctx.request.output_limit if ctx.request is not None else None
+        scope = bound_scope(ctx.principal.tenant, ctx.principal.app)
         # Exact match first: a repeat is answered without computing an embedding at all.
-        hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens)
+        hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens, bound_scope=scope)
         if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
-            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False)
+            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False,
+                                          bound_scope=scope)  # fmt: skip
+        if config.bound is not None:
+            self.cache.bounds.count_lookup(scope, config.bound, hit=hit is not None, exact=hit is not None and hit.exact)
         if hit is None:
             ctx.cache_status = "miss"
             return None
         ctx.cache_status = "hit"
+        ctx.attributes["tierlane.cache.entry_id"] = hit.entry_id
+        if hit.score is not None:
+            ctx.attributes["tierlane.cache.score"] = hit.score  # what the error bound's threshold applies to
         ctx.cache_similarity = hit.similarity
         ctx.lane = "cache"
         ctx.usage = Usage.from_openai(hit.usage)

@@ -12,7 +12,8 @@ owner's keys share one cluster slot):
 - `<prefix>{<owner>}:cache:lru`: the owner's exact keys by last use (a sorted set); above the
   policy's `max_entries` (resolved for that tenant) the least recently used are evicted;
 - `<prefix>cache:stream`: what every replica applies to its index: `add` (id, owner, exact,
-  scope, tenant, expiry, vector), `del` (ids) and `purge` (a tenant), capped at
+  scope, tenant, expiry, vector), `del` (ids) and `purge` (a tenant), and to its error bound:
+  `obs` (a judged semantic hit: bound scope, its parameters, entry id, score, wrong), capped at
   `state.cache_stream_max_len` (approximate trim), so it need not hold the `add` of every live
   entry.
 
@@ -38,6 +39,7 @@ reconnect on their own; the follower retries, and resumes from its last position
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -52,11 +54,12 @@ import redis.asyncio as aioredis
 
 from policies.cache.backend import CacheUnavailable
 from policies.cache.config import CacheConfig, ResolvedConfigs
+from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import Neighbour
 from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
-from policies.cache.service import CacheHit
+from policies.cache.service import CacheHit, bound_allows, bound_gate, bound_score
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
@@ -179,6 +182,8 @@ class SharedCache:
         self._touch_script = client.script(_TOUCH_LUA)
         self._origin = secrets.token_hex(8)  # this replica: its own events are applied when made
         self._configs = ResolvedConfigs(policy)
+        # cache.max_error_rate: every replica applies every judged hit (the `obs` events) to its own
+        self.bounds = ErrorBounds()
         self._index = FaissIndex(DIMENSION)
         self._meta: dict[int, _Meta] = {}
         self._by_exact: dict[str, int] = {}
@@ -267,17 +272,25 @@ class SharedCache:
         *,
         max_output_tokens: int | None = None,
         exact: bool = True,
+        bound_scope: str | None = None,
     ) -> CacheHit | None:
         """The best verified stored answer for `key`, or None (also when the store fails: a miss)."""
         try:
-            return await self._lookup(key, vector, config, max_output_tokens, exact)
+            return await self._lookup(key, vector, config, max_output_tokens, exact, bound_scope or key.tenant)
         except StoreDown:
             self.skipped += 1
             return None
 
+    async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None:
+        """A judged semantic hit, for the error bound of `scope` on this replica and, through the stream, every other."""
+        await self._call(lambda: self.bounds.observe(scope, params, entry_id, score, wrong=wrong))
+        await self._publish({"op": "obs", "scope": scope, "params": orjson.dumps(dataclasses.asdict(params)),
+                             "id": entry_id, "score": repr(score), "wrong": int(wrong)})  # fmt: skip
+
     async def _lookup(
-        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool
-    ) -> CacheHit | None:
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool,
+        bound_scope: str,
+    ) -> CacheHit | None:  # fmt: skip
         now = time.time()
         owner = self._owner(key, config)
         prefix = self._entry_prefix(owner)
@@ -288,7 +301,8 @@ class SharedCache:
                 return hit
         if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
             return None
-        found = await self._call(self._search, key.scope, vector, config.candidates, config.threshold)
+        gate, checks = bound_gate(config)
+        found = await self._call(self._search, key.scope, vector, config.candidates, gate)
         if not found:
             return None
 
@@ -308,15 +322,15 @@ class SharedCache:
             return None
         decisions = await self._call(
             lambda: decide_many(key.text, [(n.similarity, _text(row[2]), n.vector) for _, _, n, row in live],
-                                threshold=config.threshold, checks=config.verify, query_vector=vector)
+                                threshold=gate, checks=checks, query_vector=vector)
         )  # fmt: skip
         for (entry_id, meta, neighbour, row), decision in zip(live, decisions):
-            if not decision.hit:
+            if not bound_allows(self.bounds, bound_scope, config.bound, entry_id, decision):
                 continue
             hit = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner,
                                exact_key=meta.exact)  # fmt: skip
             if hit is not None:
-                return hit
+                return dataclasses.replace(hit, score=bound_score(decision))
         return None
 
     @staticmethod
@@ -659,7 +673,11 @@ class SharedCache:
                     self._remove(_parse_ids(fields.get(b"ids", b"")))
                 elif op == "purge":
                     self._purge_local(fields[b"tenant"].decode(), _parse_ids(fields.get(b"ids", b"")))
-            except (KeyError, ValueError) as exc:
+                elif op == "obs":
+                    params = BoundParams(**orjson.loads(fields[b"params"]))
+                    self.bounds.observe(fields[b"scope"].decode(), params, int(fields[b"id"]), float(fields[b"score"]),
+                                        wrong=fields[b"wrong"] == b"1")  # fmt: skip
+            except (KeyError, ValueError, TypeError) as exc:
                 logger.warning("shared cache: malformed %r event skipped: %r", op, exc)
 
     def _sweep(self, now: float) -> None:
