@@ -215,7 +215,7 @@ def main() -> int:
     if args.statics:
         grid = [float(x) for x in args.statics.split(",")]
     elif kind == "probability":
-        grid = [start, 0.9, 0.8, 0.7, 0.6, 0.5]
+        grid = sorted({min(0.99, start + 0.02), min(0.99, start + 0.01), start, 0.9, 0.8, 0.5}, reverse=True)
     else:
         grid = [start, start - 0.02, start - 0.04, start - 0.06]
     print(f"{len(pairs)} test pairs ({sum(p.label for p in pairs)} same question); {len(seeds)} stored first, "
@@ -233,6 +233,9 @@ def main() -> int:
     fair = [(name, r) for name, r in runs.items() if name.startswith("static_") and r["served_error"] is not None
             and r["served_error"] <= (bound["served_error"] or 0.0)]  # fmt: skip
     best = max(fair, key=lambda nr: nr[1]["semantic_hit_rate"], default=None)
+    within = [(name, r) for name, r in runs.items() if name.startswith("static_") and r["served_error"] is not None
+              and r["served_error"] <= args.max_error_rate]  # fmt: skip
+    best_within = max(within, key=lambda nr: nr[1]["semantic_hit_rate"], default=None)
     data = {
         "workload": {"pairs": len(pairs), "same_question_pairs": sum(p.label for p in pairs), "stored_first": len(seeds),
                      "queries": len(queries), "sources": sorted({p.source for p in pairs}), "split": "test",
@@ -243,6 +246,9 @@ def main() -> int:
         "runs": runs,
         "static_at_same_error": None if best is None else {"run": best[0], **{k: best[1][k] for k in
                                 ("threshold", "served_error", "semantic_hit_rate", "hit_rate")}},
+        # the best static threshold in hindsight whose measured error is within the bound (not only as low as the bound's)
+        "static_within_bound": None if best_within is None else {"run": best_within[0], **{k: best_within[1][k] for k in
+                               ("threshold", "served_error", "semantic_hit_rate", "hit_rate")}},
         "seconds": round(time.monotonic() - started, 1),
     }  # fmt: skip
     data["verdicts"] = verdicts("cache_error_bound", data)
@@ -253,7 +259,7 @@ def main() -> int:
     for name, r in runs.items():
         if name != "bound":
             print(f"{name}: served error {r['served_error']} over {r['semantic_hits']}; semantic hit rate {r['semantic_hit_rate']}")
-    print(f"static at the same error: {data['static_at_same_error']}\nwrote {path} in {data['seconds']} s")
+    print(f"static at the same error: {data['static_at_same_error']}; within the bound: {data['static_within_bound']}\nwrote {path} in {data['seconds']} s")
     return 0
 
 

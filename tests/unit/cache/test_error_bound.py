@@ -82,3 +82,22 @@ def test_state_is_bounded_and_a_changed_policy_starts_again() -> None:
     assert max(st.counted for st in bounds.stats()) == 50
     stricter = BoundParams(max_error_rate=0.01, kind="probability", start=0.98, floor=0.5)
     assert bounds.threshold("t/4", stricter) == 0.98
+
+
+def test_the_bound_is_on_metrics_per_tenant_and_app() -> None:
+    from telemetry.attributes import LabelBounds
+    from telemetry.prometheus import CacheBoundCollector, PromMetrics
+
+    bounds = ErrorBounds()
+    for i in range(10):
+        bounds.observe("acme/web", PARAMS, i, 0.97, wrong=i == 0)
+    bounds.count_lookup("acme/web", PARAMS, hit=True, exact=False)
+    bounds.count_lookup("acme/web", PARAMS, hit=False, exact=False)
+    labels = LabelBounds(["acme"], ["web"], [])
+    prom = PromMetrics()
+    prom.registry.register(CacheBoundCollector(bounds.stats, labels.tenant, labels.app))
+    text = prom.render().decode()
+    assert 'tierlane_cache_hit_rate{app="web",tenant="acme"} 0.5' in text
+    assert 'tierlane_cache_judged_hits{app="web",tenant="acme"} 10.0' in text
+    assert 'tierlane_cache_max_error_rate{app="web",tenant="acme"} 0.02' in text
+    assert "tierlane_cache_served_error_upper{" in text and "tierlane_cache_serve_threshold{" in text
