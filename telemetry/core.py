@@ -340,6 +340,7 @@ class Telemetry:
             tier=ctx.tier if ctx.lane == "upstream" else None,
             saved_vs_strong=bill.saved_vs_strong,
             saved_vs_named=bill.saved_vs_named,
+            cache_score=_float_or_none(ctx.attributes.get("tierlane.cache.score")) if ctx.cache_status == "hit" else None,
         )
 
     def _measurement(
@@ -444,6 +445,10 @@ class Telemetry:
             (month_start,),
         )
         return [SpendRow(tenant=r["tenant"], app=r["app"], day=r["day"], cost=float(r["cost"] or 0.0)) for r in rows]
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 # Template tokens a chat format may add per message (role markers, separators), and once per
