@@ -101,3 +101,15 @@ def test_the_bound_is_on_metrics_per_tenant_and_app() -> None:
     assert 'tierlane_cache_judged_hits{app="web",tenant="acme"} 10.0' in text
     assert 'tierlane_cache_max_error_rate{app="web",tenant="acme"} 0.02' in text
     assert "tierlane_cache_served_error_upper{" in text and "tierlane_cache_serve_threshold{" in text
+
+
+def test_the_dashboard_shows_the_bound_of_the_tenant_asked_for() -> None:
+    from gateway.routes.dashboard import cache_bound
+
+    bounds = ErrorBounds()
+    bounds.observe("acme/web", PARAMS, 1, 0.97, wrong=False)
+    bounds.observe("globex/web", PARAMS, 2, 0.97, wrong=True)
+    assert [r["tenant"] for r in cache_bound(bounds.stats(), None)] == ["acme", "globex"]
+    (row,) = cache_bound(bounds.stats(), "globex")
+    assert (row["app"], row["judged"], row["judged_wrong"], row["served_error"]) == ("web", 1, 1, None)
+    assert row["upper_bound"] == 1.0 and bounds.threshold("globex/web", PARAMS) > 0.97  # tightened past its only error
