@@ -13,7 +13,12 @@ wrong, the stored entry that served it) for its scope (tenant/app). From these:
   exceeded and errors are counted, it rises at once to the lowest value (just above an observed
   error's score) where the bound holds, or where no observed error is left; when the bound holds
   and `loosen_after` observations came since the last move, it drops by one step, never below
-  `floor`. A new scope starts at the shipped threshold (`start`) and cannot move down before
+  `floor`, if the bound holds at the lower value too.
+- Observations are also made without serving: a candidate that passed every check but the
+  bound's threshold (a miss, so the upstream answers the request anyway) is judged by comparing
+  the upstream's answer with the stored one, at no extra upstream call. These score below the
+  threshold: they count once a threshold that low is considered, which is what lets a scope
+  that tightened find its way down again (and what a loosening step is checked against). A new scope starts at the shipped threshold (`start`) and cannot move down before
   its bound holds: at max_error_rate 0.02 and 95 % that takes about 135 right answers in a row.
 - Per stored entry (vCache's threshold per cached entry, learnt online), once it has
   `entry_observations` judged hits: an entry served wrongly at least once needs a score above
@@ -41,6 +46,7 @@ from typing import Literal
 Kind = Literal["probability", "cosine"]
 
 _ABOVE = 1e-6  # a threshold "just above" an observed score
+_LOOSEN_CUTS = 20  # at most this many cuts below are tried when a scope looks for one that holds
 
 
 def wilson_upper(errors: int, n: int, confidence: float) -> float:
@@ -252,7 +258,25 @@ class ErrorBounds:
             state.threshold = min(params.ceiling, cut)
             state.tightened += 1
             state.since_move = 0
-        elif upper <= params.max_error_rate and state.since_move >= params.loosen_after and state.threshold > params.floor:
-            state.threshold = max(params.floor, state.threshold - params.step(state.threshold))
-            state.loosened += 1
-            state.since_move = 0
+        elif state.since_move >= params.loosen_after and state.threshold > params.floor:
+            # Loosen one step when the bound holds at the lower value (judged candidates the bound
+            # refused, scored below the threshold, count there: a step into a region known to hold
+            # errors is not taken; with none observed there it is the same set of hits). When it
+            # does not, but judged candidates further down show a cut where it holds (a scope that
+            # tightened past an error and serves nothing now), the highest such cut.
+            lower = max(params.floor, state.threshold - params.step(state.threshold))
+            target: float | None = None
+            if self._holds(state, lower):
+                target = lower
+            else:
+                below = sorted({score for score, _, _ in state.window if params.floor <= score < lower}, reverse=True)
+                stride = max(1, len(below) // _LOOSEN_CUTS)
+                target = next((cut for cut in below[::stride] if self._holds(state, cut)), None)
+            if target is not None:
+                state.threshold = target
+                state.loosened += 1
+                state.since_move = 0
+
+    def _holds(self, state: _Scope, cut: float) -> bool:
+        errors, n = self._served(state, cut)
+        return wilson_upper(errors, n, state.params.confidence) <= state.params.max_error_rate

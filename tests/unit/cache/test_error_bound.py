@@ -113,3 +113,17 @@ def test_the_dashboard_shows_the_bound_of_the_tenant_asked_for() -> None:
     (row,) = cache_bound(bounds.stats(), "globex")
     assert (row["app"], row["judged"], row["judged_wrong"], row["served_error"]) == ("web", 1, 1, None)
     assert row["upper_bound"] == 1.0 and bounds.threshold("globex/web", PARAMS) > 0.97  # tightened past its only error
+
+
+def test_judged_candidates_below_the_threshold_decide_whether_it_loosens() -> None:
+    bounds = ErrorBounds()
+    for i in range(300):  # served and right at 0.97; refused candidates at 0.955 judged wrong one time in ten
+        bounds.observe("t/a", PARAMS, i, 0.97, wrong=False)
+        bounds.observe("t/a", PARAMS, 1000 + i, 0.955, wrong=i % 10 == 0)
+    assert bounds.threshold("t/a", PARAMS) > 0.955  # the step down to 0.95 would serve them: not taken
+    shut = ErrorBounds()
+    shut.observe("t/b", PARAMS, 1, 0.999, wrong=True)
+    assert shut.threshold("t/b", PARAMS) > 0.999  # nothing is served any more...
+    for i in range(400):  # ...but refused candidates judged right bring it down again
+        shut.observe("t/b", PARAMS, 100 + i, 0.98, wrong=False)
+    assert shut.threshold("t/b", PARAMS) < 0.999
