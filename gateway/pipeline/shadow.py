@@ -13,6 +13,11 @@ cache's error bound (policies/cache/error_bound.py): the served answer was right
 with the upstream's (answer similarity >= AGREE, the same check the table's share counts). The
 request's own checks (rule vetoes, verifier) compare requests, not answers, so they have no say
 here. Each such re-ask is an upstream call, metered by the upstream as any other.
+
+A miss whose best candidate passed every check but the bound's threshold (the lookup leaves it
+in `ctx.cache_candidate`) is sampled at the same rate once the upstream has answered it: the
+stored answer is compared with the upstream's (no second upstream call), and the judgement goes
+to the bound as an observation below its threshold (what lets it loosen on evidence).
 """
 
 from __future__ import annotations
@@ -215,6 +220,7 @@ class ShadowHook:
         self.failed = 0
         self.recorded = 0
         self.judged = 0  # semantic cache hits judged for the cache's error bound
+        self.judged_refused = 0  # candidates the bound refused, judged against the upstream's answer
 
     def _bound(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float] | None:
         """(scope, bound, entry id, score) when this answer is a semantic cache hit under `cache.max_error_rate`."""
@@ -238,10 +244,26 @@ class ShadowHook:
         )
         return ShadowConfig.from_section(section)
 
+    def _candidate(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float, str] | None:
+        """(scope, bound, entry id, score, stored answer) of the candidate the error bound alone refused,
+        on a request the upstream answered (cache.max_error_rate)."""
+        cache, candidate = self.services.cache, ctx.cache_candidate
+        if cache is None or candidate is None or ctx.lane != "upstream" or candidate.score is None:
+            return None
+        config = cache.config_for(tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model,
+                                  route=ctx.requested_route)  # fmt: skip
+        stored = answer_text(candidate.response)
+        if config.bound is None or not stored:
+            return None
+        return bound_scope(ctx.principal.tenant, ctx.principal.app), config.bound, candidate.entry_id, candidate.score, stored
+
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
             return
         config = self._config_for(ctx)
+        candidate = self._candidate(ctx)
+        if candidate is not None and config.enabled and self.services.embedder is not None:
+            self._judge_soon(ctx, candidate, answer_text(outcome.response))
         bound = self._bound(ctx)
         if bound is not None:
             rate = bound[1].sample_rate
@@ -313,6 +335,34 @@ class ShadowHook:
         except Exception as exc:  # noqa: BLE001 - a shadow call must never surface to anyone
             self.failed += 1
             log.warning("shadow comparison for request %s (%s lane) failed: %s", ctx.request_id, ctx.lane, exc)
+
+    def _judge_soon(self, ctx: RequestContext, candidate: tuple[str, BoundParams, int, float, str], upstream_text: str) -> None:
+        """Sample the refused candidate for judgement: no upstream call, the upstream already answered."""
+        if not upstream_text or self._rng.random() >= candidate[1].sample_rate:
+            return
+        if len(self._tasks) >= self.config.max_pending:
+            self.dropped += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._judge(ctx, candidate, upstream_text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _judge(self, ctx: RequestContext, candidate: tuple[str, BoundParams, int, float, str], upstream_text: str) -> None:
+        scope, params, entry_id, score, stored = candidate
+        try:
+            async with self._gate:
+                embedder, cache = self.services.embedder, self.services.cache
+                if embedder is None or cache is None:
+                    return
+                ours, theirs = await asyncio.gather(embedder.embed(stored), embedder.embed(upstream_text))
+            similarity = float(np.clip(np.dot(np.asarray(ours), np.asarray(theirs)), -1.0, 1.0))
+            await cache.observe(scope, params, entry_id, score, wrong=similarity < AGREE)
+            self.judged_refused += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a judgement must never surface to anyone
+            self.failed += 1
+            log.warning("judging the refused cache candidate of request %s failed: %s", ctx.request_id, exc)
 
     async def drain(self) -> None:
         """Wait for the shadow calls in flight, however long they take (tests; shutdown uses `close`)."""

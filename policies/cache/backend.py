@@ -38,6 +38,7 @@ class CacheBackend(Protocol):
         max_output_tokens: int | None = None,
         exact: bool = True,
         bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None: ...
 
     async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None: ...

@@ -124,11 +124,14 @@ class SemanticCache:
         max_output_tokens: int | None = None,
         exact: bool = True,
         bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:
         """The best verified stored answer for `key`, or None; `exact=False` skips the exact-key probe.
 
         `bound_scope` names the scope (tenant/app) whose error bound decides, with `cache.max_error_rate`
-        set (default: the key's tenant)."""
+        set (default: the key's tenant). On a miss, the most similar candidate that passed every check
+        but the bound's threshold is appended to `refused` (when given): the shadow stage judges it
+        against the upstream's answer."""
         if exact and config.exact and self._reader is not None:
             now = time.time()
             try:
@@ -145,7 +148,7 @@ class SemanticCache:
                     return CacheHit(entry.id, entry.exact, entry.response, entry.usage, 1.0, True)
         if not exact and (not config.semantic or vector is None or len(key.text) > config.max_text_chars):
             return None  # nothing left to look for: no trip to the worker
-        return await self._call(self._lookup, key, vector, config, max_output_tokens, exact, bound_scope or key.tenant)
+        return await self._call(self._lookup, key, vector, config, max_output_tokens, exact, bound_scope or key.tenant, refused)
 
     async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None:
         """A judged semantic hit (the shadow stage's), for the error bound of `scope`."""
@@ -220,7 +223,7 @@ class SemanticCache:
 
     def _lookup(
         self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool,
-        bound_scope: str,
+        bound_scope: str, refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:  # fmt: skip
         assert self._store is not None and self._index is not None
         now = time.time()
@@ -249,10 +252,16 @@ class SemanticCache:
         # One batched cross-encoder call for every candidate past the gate and the vetoes.
         decisions = decide_many(key.text, [(n.similarity, e.text, n.vector) for n, e in live], threshold=gate,
                                 checks=checks, query_vector=vector)  # fmt: skip
+        first_refused: CacheHit | None = None
         for (neighbour, entry), decision in zip(live, decisions):
             if bound_allows(self.bounds, bound_scope, config.bound, entry.id, decision):
                 hit = self._hit(entry, neighbour.similarity, exact=False, now=now)
                 return dataclasses.replace(hit, score=bound_score(decision))
+            if decision.hit and first_refused is None:  # refused by the bound alone
+                first_refused = CacheHit(entry.id, entry.exact, entry.response, entry.usage, neighbour.similarity, False,
+                                         bound_score(decision))  # fmt: skip
+        if first_refused is not None and refused is not None:
+            refused.append(first_refused)
         return None
 
     @staticmethod

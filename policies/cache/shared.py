@@ -273,10 +273,12 @@ class SharedCache:
         max_output_tokens: int | None = None,
         exact: bool = True,
         bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:
-        """The best verified stored answer for `key`, or None (also when the store fails: a miss)."""
+        """The best verified stored answer for `key`, or None (also when the store fails: a miss);
+        `bound_scope` and `refused` as SemanticCache.lookup's."""
         try:
-            return await self._lookup(key, vector, config, max_output_tokens, exact, bound_scope or key.tenant)
+            return await self._lookup(key, vector, config, max_output_tokens, exact, bound_scope or key.tenant, refused)
         except StoreDown:
             self.skipped += 1
             return None
@@ -289,7 +291,7 @@ class SharedCache:
 
     async def _lookup(
         self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool,
-        bound_scope: str,
+        bound_scope: str, refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:  # fmt: skip
         now = time.time()
         owner = self._owner(key, config)
@@ -324,13 +326,21 @@ class SharedCache:
             lambda: decide_many(key.text, [(n.similarity, _text(row[2]), n.vector) for _, _, n, row in live],
                                 threshold=gate, checks=checks, query_vector=vector)
         )  # fmt: skip
+        first_refused: CacheHit | None = None
         for (entry_id, meta, neighbour, row), decision in zip(live, decisions):
             if not bound_allows(self.bounds, bound_scope, config.bound, entry_id, decision):
+                if decision.hit and first_refused is None and refused is not None:  # refused by the bound alone
+                    first_refused = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens,
+                                                 owner=meta.owner, exact_key=meta.exact, touch=False)  # fmt: skip
+                    if first_refused is not None:
+                        first_refused = dataclasses.replace(first_refused, score=bound_score(decision))
                 continue
             hit = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner,
                                exact_key=meta.exact)  # fmt: skip
             if hit is not None:
                 return dataclasses.replace(hit, score=bound_score(decision))
+        if first_refused is not None and refused is not None:
+            refused.append(first_refused)
         return None
 
     @staticmethod
@@ -342,7 +352,7 @@ class SharedCache:
 
     def _accept(
         self, row: list[Any], key: CacheKey, entry_id: int | None, similarity: float, now: float, max_output_tokens: int | None,
-        *, owner: str, exact_key: str,
+        *, owner: str, exact_key: str, touch: bool = True,
     ) -> CacheHit | None:  # fmt: skip
         """The hit a stored row gives (same scope, not expired, fits; a semantic row was verified by the caller), or None."""
         if not self._servable(row, key, entry_id, now):
@@ -352,7 +362,8 @@ class SharedCache:
         usage = payload.get("usage")
         if max_output_tokens is not None and usage and int(usage.get("completion_tokens") or 0) > max_output_tokens:
             return None
-        self._spawn(self._touch(owner, exact_key))
+        if touch:
+            self._spawn(self._touch(owner, exact_key))
         return CacheHit(int(stored_id), exact_key, payload["response"], usage, similarity, entry_id is None)
 
     async def _touch(self, owner: str, exact_key: str) -> None:

@@ -12,7 +12,7 @@ from gateway.pipeline import shadow
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
-from policies.cache.service import SemanticCache
+from policies.cache.service import CacheHit, SemanticCache
 from policies.policy import Policy
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.unit.shadow.conftest import UPSTREAM_ANSWER, chat_answer
@@ -48,10 +48,15 @@ async def test_semantic_hits_are_judged_for_the_bound_of_their_app(tmp_path: Pat
         await hook.on_complete(cache_hit("web", exact=False, entry_id=8), done(UPSTREAM_ANSWER))
         await hook.on_complete(cache_hit("web", exact=True), done("Bananas are rich in potassium."))  # a repeat: not judged
         await hook.on_complete(cache_hit("batch", exact=False), done("Bananas are rich in potassium."))  # no bound there
+        # A miss whose candidate the bound alone refused: judged against the upstream's own answer, no call
+        miss = cache_hit("web", exact=False)
+        miss.lane, miss.attributes = "upstream", {}
+        miss.cache_candidate = CacheHit(9, "k", chat_answer("Paris, France's capital."), None, 0.9, False, score=0.91)
+        await hook.on_complete(miss, done(UPSTREAM_ANSWER))
         await hook.drain()
-        assert rec.hits == 2 and hook.judged == 2
+        assert rec.hits == 2 and hook.judged == 2 and hook.judged_refused == 1
         (stats,) = cache.bounds.stats()
-        assert (stats.scope, stats.observed, stats.observed_wrong) == ("acme/web", 2, 1)
+        assert (stats.scope, stats.observed, stats.observed_wrong) == ("acme/web", 3, 1)
         assert stats.threshold >= 0.96  # a new scope with an error: never looser than the shipped threshold
     finally:
         await hook.close()
