@@ -15,7 +15,9 @@ says (counted apart, left out of the error and of what the estimator is fed: GPT
 questions twice as separate items, so "no label" is not "different"). Exact repeats are not
 judged (never wrong). The shadow stage's
 re-ask is simulated by feeding every judged semantic hit (`--sample-rate`, default 1.0) back to
-the cache's estimator at once, through `SemanticCache.observe`, as the shadow hook does.
+the cache's estimator at once, through `SemanticCache.observe`, as the shadow hook does; so is a
+miss's best candidate that the bound alone refused (the shadow stage compares it with the
+upstream's answer to the miss, at no extra call; here the labels judge it).
 
 Runs through the real `SemanticCache` (embedded backend, real faiss index, `matcher.decide_many`
 with the shipped verifier and vetoes), texts embedded once with the gateway's encoder (cached in
@@ -51,7 +53,7 @@ from bench._harness import write  # noqa: E402
 from bench._verdicts import verdicts, wilson  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
 from policies.cache.scope import build_key  # noqa: E402
-from policies.cache.service import SemanticCache  # noqa: E402
+from policies.cache.service import CacheHit, SemanticCache  # noqa: E402
 from policies.cache.verifier_data import EmbeddingCache, Pair, load_gptcache, load_qqp  # noqa: E402
 from policies.policy import Policy  # noqa: E402
 
@@ -137,17 +139,26 @@ async def replay(
 
             for source, text in seeds:
                 await store(source, text)
-            served = wrong = exact = unjudged = 0
+            served = wrong = exact = unjudged = judged_refused = 0
             lookups = 0
             trace: list[tuple[int, int]] = []  # (served, wrong) after each query: the error over time
             for source, text in tqdm(queries, desc=name, unit="query", leave=False):
                 key, _ = build_key(body(text), tenant="bench", model="auto", route=None, rules=config.rules)
                 assert key is not None
                 lookups += 1
-                hit = await cache.lookup(key, vectors[text], config, bound_scope=SCOPE)
+                refused: list[CacheHit] = []
+                hit = await cache.lookup(key, vectors[text], config, bound_scope=SCOPE, refused=refused)
                 if config.bound is not None:
                     cache.bounds.count_lookup(SCOPE, config.bound, hit=hit is not None, exact=hit is not None and hit.exact)
                 if hit is None:
+                    # the upstream answers the miss; the candidate the bound alone refused is judged
+                    # against that answer (here: the labels), as the shadow stage does, no extra call
+                    if refused and config.bound is not None and refused[0].score is not None and rng.random() < sample_rate:
+                        candidate = refused[0].response["choices"][0]["message"]["content"]
+                        verdict = same.judge((source, text), asked[candidate])
+                        if verdict is not None:
+                            judged_refused += 1
+                            await cache.observe(SCOPE, config.bound, refused[0].entry_id, refused[0].score, wrong=not verdict)
                     await store(source, text)
                 elif hit.exact:
                     exact += 1
@@ -170,7 +181,7 @@ async def replay(
             await cache.close()
     out: dict[str, Any] = {
         "lookups": lookups, "semantic_hits": served, "wrong": wrong, "exact_hits": exact,
-        "unjudged_semantic_hits": unjudged,
+        "unjudged_semantic_hits": unjudged, "judged_refused_candidates": judged_refused,
         "served_error": round(wrong / served, 4) if served else None, "served_error_interval_95": wilson(wrong, served),
         "semantic_hit_rate": round(served / lookups, 4), "hit_rate": round((served + exact) / lookups, 4),
         # the served error over the second half of the replay (after the bound had observations)
@@ -215,7 +226,7 @@ def main() -> int:
     if args.statics:
         grid = [float(x) for x in args.statics.split(",")]
     elif kind == "probability":
-        grid = sorted({min(0.99, start + 0.02), min(0.99, start + 0.01), start, 0.9, 0.8, 0.5}, reverse=True)
+        grid = sorted({min(0.99, start + 0.02), min(0.99, start + 0.01), start, 0.9}, reverse=True)
     else:
         grid = [start, start - 0.02, start - 0.04, start - 0.06]
     print(f"{len(pairs)} test pairs ({sum(p.label for p in pairs)} same question); {len(seeds)} stored first, "
