@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))
 from bench._harness import write  # noqa: E402
 from bench._verdicts import verdicts, wilson  # noqa: E402
 from policies.cache.config import CacheConfig  # noqa: E402
+from policies.cache.error_bound import wilson_upper  # noqa: E402
 from policies.cache.scope import build_key  # noqa: E402
 from policies.cache.service import CacheHit, SemanticCache  # noqa: E402
 from policies.cache.verifier_data import EmbeddingCache, Pair, load_gptcache, load_qqp  # noqa: E402
@@ -183,6 +184,8 @@ async def replay(
         "lookups": lookups, "semantic_hits": served, "wrong": wrong, "exact_hits": exact,
         "unjudged_semantic_hits": unjudged, "judged_refused_candidates": judged_refused,
         "served_error": round(wrong / served, 4) if served else None, "served_error_interval_95": wilson(wrong, served),
+        # the test the bound applies: one-sided Wilson upper bound at its confidence
+        "served_error_upper_one_sided": round(wilson_upper(wrong, served, config.bound.confidence if config.bound else 0.95), 4),
         "semantic_hit_rate": round(served / lookups, 4), "hit_rate": round((served + exact) / lookups, 4),
         # the served error over the second half of the replay (after the bound had observations)
         "served_error_second_half": _second_half(trace),

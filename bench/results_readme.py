@@ -601,7 +601,8 @@ def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
         state = r.get("bound_state") or {}
         threshold = r.get("threshold") if name != "bound" else f"{policy.get('shipped_threshold')} -> {state.get('threshold')}"
         rows.append([name if name != "bound" else f"bound (max_error_rate {policy.get('max_error_rate')})", threshold,
-                     _rate(r.get("wrong"), r.get("semantic_hits"), r.get("served_error")), r.get("semantic_hit_rate"),
+                     _rate(r.get("wrong"), r.get("semantic_hits"), r.get("served_error")), r.get("served_error_upper_one_sided"),
+                     r.get("semantic_hit_rate"),
                      r.get("hit_rate"), r.get("unjudged_semantic_hits")])  # fmt: skip
     lines = [
         f"Replay of {w.get('queries')} test-split queries ({', '.join(w.get('sources') or [])}; {w.get('same_question_pairs')} of "
@@ -611,7 +612,8 @@ def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
         "Served error = wrong / judged semantic hits (Wilson 95 %); hit rates over all lookups.",
         "",
     ]  # fmt: skip
-    lines += _table(["run", "threshold", "served error", "semantic hit rate", "hit rate (with exact)", "unjudged hits"], rows)
+    lines += _table(["run", "threshold", "served error", "one-sided 95 % upper", "semantic hit rate", "hit rate (with exact)",
+                     "unjudged hits"], rows)  # fmt: skip
     return lines
 
 
