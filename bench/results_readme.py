@@ -608,7 +608,7 @@ def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
         f"Replay of {w.get('queries')} test-split queries ({', '.join(w.get('sources') or [])}; {w.get('same_question_pairs')} of "
         f"{w.get('pairs')} pairs the same question) over {w.get('stored_first')} stored questions, through the embedded cache "
         f"with the shipped verifier ({policy.get('kind')} threshold {policy.get('shipped_threshold')}); the upstream's "
-        f"judgement simulated by the labels, {_num(policy.get('sample_rate'))} of the hits and refused candidates judged. "
+        f"judgement simulated by the labels; share of hits and refused candidates judged: {_num(policy.get('sample_rate'))}. "
         "Served error = wrong / judged semantic hits (Wilson 95 %); hit rates over all lookups.",
         "",
     ]  # fmt: skip
