@@ -91,6 +91,9 @@ class _EntryStats:
     highest_wrong: float = -math.inf
 
 
+_EMPTY = _EntryStats()
+
+
 @dataclass(slots=True)
 class _Scope:
     params: BoundParams
@@ -104,6 +107,10 @@ class _Scope:
     semantic_hits: int = 0
     tightened: int = 0
     loosened: int = 0
+    # the estimate as of the last observation (kept so that reading the stats costs no pass over the window)
+    errors_now: int = 0
+    counted_now: int = 0
+    entries_with_threshold: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -186,20 +193,22 @@ class ErrorBounds:
             else:
                 entry.lowest_right = min(entry.lowest_right, score)
             self._adapt(state)
+            state.errors_now, state.counted_now = self._served(state, state.threshold)
+            state.entries_with_threshold = len({e for _, _, e in state.window
+                                                if self._entries.get(e, _EMPTY).n >= state.params.entry_observations})  # fmt: skip
 
     def stats(self) -> list[ScopeStats]:
         with self._lock:
             out = []
             for name, state in self._scopes.items():
-                errors, n = self._served(state, state.threshold)
+                errors, n = state.errors_now, state.counted_now
                 out.append(ScopeStats(
                     scope=name, kind=state.params.kind, max_error_rate=state.params.max_error_rate,
                     threshold=min(state.threshold, 1.0), error=errors / n if n else None,
                     upper=wilson_upper(errors, n, state.params.confidence), counted=n, observed=state.observed,
                     observed_wrong=state.observed_wrong, lookups=state.lookups, hits=state.hits,
                     semantic_hits=state.semantic_hits, tightened=state.tightened, loosened=state.loosened,
-                    entries_with_threshold=len({e for _, _, e in state.window
-                                                if self._entries.get(e, _EntryStats()).n >= state.params.entry_observations}),
+                    entries_with_threshold=state.entries_with_threshold,
                 ))  # fmt: skip
             return out
 
