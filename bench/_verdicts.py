@@ -164,6 +164,14 @@ def _cache_quality(d: dict[str, Any]) -> list[Record]:
     ]
 
 
+def _cache_error_bound(d: dict[str, Any]) -> list[Record]:
+    # The one target the replay names; the hit rate is reported beside the static thresholds' (the file's runs).
+    bound = float(d.get("policy", {}).get("max_error_rate", 0.02))
+    run = d.get("runs", {}).get("bound", {})
+    return [rate("served_error_with_bound", int(run.get("wrong", 0)), int(run.get("semantic_hits", 0)), "<=", bound,
+                 n_of="served semantic hits")]  # fmt: skip
+
+
 def _dashboard(d: dict[str, Any]) -> list[Record]:
     threshold = d.get("target_page_load_p50_ms", 300.0)
     unrecorded = "this run did not record its loads per view (bench/dashboard.py --repeat, default 30, now does)"
@@ -383,6 +391,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
     "image": _image,
+    "cache_error_bound": _cache_error_bound,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,
