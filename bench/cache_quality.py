@@ -110,33 +110,36 @@ def main() -> int:
     vetoed = np.asarray([mismatch(feat(p.a, False), feat(p.b, False), checks) is not None for p in pairs])
     vetoed_all = np.asarray([mismatch(feat(p.a, True), feat(p.b, True), every_check) is not None for p in pairs])
 
-    # The cross-encoder on every pair past the loosest gate it was selected with (vetoed ones too, for the curve), batched.
-    encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
-    chosen = encoder.meta["selection"]["chosen"]
-    gate_min = min(float(chosen["gate"]), config.threshold if is_cross_encoder(checks.verifier or "") else 1.0)
-    prob = np.zeros(len(pairs))
-    order = sorted(np.flatnonzero(cosine >= gate_min).tolist(), key=lambda i: len(pairs[i].a) + len(pairs[i].b))
-    started = time.perf_counter()
-    for start in tqdm(range(0, len(order), 32), desc="cross-encoder", unit="batch", mininterval=5.0):
-        rows = order[start : start + 32]
-        prob[rows] = encoder.probabilities([(pairs[i].a, pairs[i].b) for i in rows], cosine[rows])
-    seconds = time.perf_counter() - started
-    ce_gate = cosine >= float(chosen["gate"])
-    ce_vetoed = vetoed_all if chosen["vetoes"] else np.zeros(len(pairs), bool)
-    ce_served = ce_gate & ~ce_vetoed & (prob >= float(chosen["min_probability"]))
-
     # The previous verifier at its own policy.
     previous = load_verifier(str(PREVIOUS_VERIFIER))
     prev_rows = np.flatnonzero((cosine >= PREVIOUS_THRESHOLD) & ~vetoed_all)
+    # Also every pair the cross-encoder scores: its blend reads this verifier's probability.
+    gate_min = min(float(load_cross_encoder(str(BUNDLED_CROSS_ENCODER)).meta["selection"]["chosen"]["gate"]),
+                   config.threshold if is_cross_encoder(checks.verifier or "") else 1.0)  # fmt: skip
+    scored_rows = np.union1d(prev_rows, np.flatnonzero(cosine >= gate_min))
     texts: dict[str, PairText] = {}
 
     def pair_text(t: str) -> PairText:
         return texts.get(t) or texts.setdefault(t, PairText(t, every_check))
 
     prev_prob = np.zeros(len(pairs))
-    if len(prev_rows):
-        x = np.stack([pair_vector(u[i], v[i], pair_text(pairs[i].a), pair_text(pairs[i].b), every_check) for i in prev_rows])
-        prev_prob[prev_rows] = previous.probabilities(x)
+    if len(scored_rows):
+        x = np.stack([pair_vector(u[i], v[i], pair_text(pairs[i].a), pair_text(pairs[i].b), every_check) for i in scored_rows])
+        prev_prob[scored_rows] = previous.probabilities(x)
+    # The cross-encoder on every pair past the loosest gate it was selected with (vetoed ones too, for the curve), batched.
+    encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
+    chosen = encoder.meta["selection"]["chosen"]
+    prob = np.zeros(len(pairs))
+    order = sorted(np.flatnonzero(cosine >= gate_min).tolist(), key=lambda i: len(pairs[i].a) + len(pairs[i].b))
+    started = time.perf_counter()
+    for start in tqdm(range(0, len(order), 32), desc="cross-encoder", unit="batch", mininterval=5.0):
+        rows = order[start : start + 32]
+        prob[rows] = encoder.probabilities([(pairs[i].a, pairs[i].b) for i in rows], cosine[rows], prev_prob[rows])
+    seconds = time.perf_counter() - started
+    ce_gate = cosine >= float(chosen["gate"])
+    ce_vetoed = vetoed_all if chosen["vetoes"] else np.zeros(len(pairs), bool)
+    ce_served = ce_gate & ~ce_vetoed & (prob >= float(chosen["min_probability"]))
+
     previous_served = np.zeros(len(pairs), bool)
     previous_served[prev_rows] = prev_prob[prev_rows] >= PREVIOUS_MIN_PROBABILITY
 

@@ -51,7 +51,7 @@ class CacheSection(StrictSection):
     semantic: bool = True
     # 0.02 above the lowest value where precision >= 0.97 holds on STS-B and GPTCache alike
     # (bench/cache_quality.py).
-    threshold: float = Field(0.82, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
+    threshold: float = Field(0.80, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
     candidates: int = Field(4, ge=1, description="best candidates verified, most similar first")
     ttl_s: float = Field(86_400, ge=0, description="entries expire this long after they were stored (0: never served again)")
     max_entries: int = Field(100_000, ge=1, description="least recently used entries are evicted above this")

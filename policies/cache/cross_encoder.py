@@ -2,10 +2,11 @@
 
 A cross-encoder reads both request texts together ("[CLS] query [SEP] candidate [SEP]") and gives
 one logit that they ask the same thing. The probability the policy compares with
-`cache.verify.min_probability` is a logistic blend of that logit and the bi-encoder cosine the
-lookup already has (`blend` in the artifact's meta, fitted on the selection split: the two
-disagree in different places, and together they rank pairs better than either), or the logit's
-sigmoid when the meta has no blend. Fine-tuned from the bundled all-MiniLM-L6-v2 weights by
+`cache.verify.min_probability` is a logistic blend (`blend` in the artifact's meta, fitted on the
+selection split) of that logit, the bi-encoder cosine the lookup already has and, when the meta
+names it, the logit of the embedding-feature verifier's probability (`verifier.npz`): the three
+err in different places, and together they rank pairs better than any one of them. Without a
+blend the logit's sigmoid is the probability. Fine-tuned from the bundled all-MiniLM-L6-v2 weights by
 policies/cache/cross_encoder_train.py, exported to ONNX and quantised to int8 there; the
 artifact (`artifacts/cross_encoder.onnx`, with `cross_encoder.json` beside it) is read here, with
 the bundled model's own tokenizer (the vocabulary the fine-tuning kept).
@@ -109,23 +110,52 @@ class CrossEncoder:
         self.pairs += len(fits)
         return out
 
-    def probabilities(self, pairs: list[tuple[str, str]], cosine: np.ndarray | list[float] | None = None) -> np.ndarray:
-        """Each pair's probability (0 for a pair too long to score); `cosine` (the pairs'
-        bi-encoder cosines) is needed when the artifact carries a blend."""
-        return self.calibrate(self.logits(pairs), cosine)
-
-    def calibrate(self, logits: np.ndarray, cosine: np.ndarray | list[float] | None = None) -> np.ndarray:
-        """Probabilities from logits (and cosines, for a blend); -inf logits give 0."""
+    @property
+    def blend(self) -> dict[str, Any] | None:
         blend = self.meta.get("blend")
+        return blend if isinstance(blend, dict) else None
+
+    @property
+    def previous_verifier(self) -> Path | None:
+        """The embedding-feature verifier the blend also reads (beside this artifact), if any."""
+        name = (self.blend or {}).get("previous_verifier")
+        return self.path.parent / str(name) if name else None
+
+    def probabilities(
+        self,
+        pairs: list[tuple[str, str]],
+        cosine: np.ndarray | list[float] | None = None,
+        previous: np.ndarray | list[float] | None = None,
+    ) -> np.ndarray:
+        """Each pair's probability (0 for a pair too long to score). A blend reads the pairs'
+        bi-encoder cosines and, when it names a previous verifier, that verifier's probabilities."""
+        return self.calibrate(self.logits(pairs), cosine, previous)
+
+    def calibrate(
+        self,
+        logits: np.ndarray,
+        cosine: np.ndarray | list[float] | None = None,
+        previous: np.ndarray | list[float] | None = None,
+    ) -> np.ndarray:
+        """Probabilities from logits (with cosines and the previous verifier's probabilities for a
+        blend); a pair with a -inf logit (too long) gets 0."""
+        blend = self.blend
         finite = np.isfinite(logits)
+        z = np.where(finite, logits, 0.0)
         if blend:
             if cosine is None:
                 raise ValueError(f"{self.path}: this cross-encoder blends its logit with the pair's cosine; pass cosine")
-            z = float(blend["logit"]) * np.where(finite, logits, 0.0) + float(blend["cosine"]) * np.asarray(cosine, dtype=np.float64)
-            z = z + float(blend["bias"])
-        else:
-            z = np.where(finite, logits, 0.0)
+            z = float(blend["logit"]) * z + float(blend["cosine"]) * np.asarray(cosine, dtype=np.float64) + float(blend["bias"])
+            if "previous" in blend:
+                if previous is None:
+                    raise ValueError(f"{self.path}: this cross-encoder blends in {blend.get('previous_verifier')}; pass previous")
+                z = z + float(blend["previous"]) * logit(np.asarray(previous, dtype=np.float64))
         return np.where(finite, sigmoid(z), 0.0)
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-6, 1.0 - 1e-6)
+    return np.asarray(np.log(q / (1.0 - q)), dtype=np.float64)
 
 
 @lru_cache(maxsize=4)

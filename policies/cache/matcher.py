@@ -71,9 +71,7 @@ def decide_many(
     if survivors:
         assert checks.verifier is not None
         if is_cross_encoder(checks.verifier):
-            scored = load_cross_encoder(checks.verifier).probabilities(
-                [(query, candidates[i][1]) for i in survivors], [candidates[i][0] for i in survivors]
-            ).tolist()
+            scored = _cross_encoder(query, [candidates[i] for i in survivors], checks, query_vector)
         else:
             scored = _previous_verifier(query, [candidates[i] for i in survivors], checks, query_vector)
         for i, probability in zip(survivors, scored):
@@ -85,13 +83,34 @@ def decide_many(
     return [d for d in decisions if d is not None]
 
 
-def _previous_verifier(
+def _cross_encoder(
     query: str, candidates: Sequence[Candidate], checks: VerifyConfig, query_vector: np.ndarray | None
+) -> list[float | None]:
+    """One batched cross-encoder call; a blend that reads the previous verifier scores the same
+    candidates with it first (a candidate without vectors is then a miss, as there)."""
+    assert checks.verifier is not None
+    encoder = load_cross_encoder(checks.verifier)
+    keep = list(range(len(candidates)))
+    previous: list[float] | None = None
+    if encoder.previous_verifier is not None:
+        scored = _previous_verifier(query, candidates, checks, query_vector, str(encoder.previous_verifier))
+        keep = [i for i, p in enumerate(scored) if p is not None]
+        previous = [float(scored[i]) for i in keep]  # type: ignore[arg-type]
+    out: list[float | None] = [None] * len(candidates)
+    if keep:
+        probabilities = encoder.probabilities([(query, candidates[i][1]) for i in keep], [candidates[i][0] for i in keep], previous)
+        for i, probability in zip(keep, probabilities.tolist()):
+            out[i] = probability
+    return out
+
+
+def _previous_verifier(
+    query: str, candidates: Sequence[Candidate], checks: VerifyConfig, query_vector: np.ndarray | None, path: str | None = None
 ) -> list[float | None]:
     from policies.cache.verifier import PairText, load_verifier, pair_vector
 
     assert checks.verifier is not None
-    model = load_verifier(checks.verifier)
+    model = load_verifier(path or checks.verifier)
     a = PairText(query, checks)
     out: list[float | None] = []
     for _, text, vector in candidates:
@@ -107,7 +126,11 @@ def load(checks: VerifyConfig) -> None:
     if checks.verifier is None:
         return
     if is_cross_encoder(checks.verifier):
-        load_cross_encoder(checks.verifier)
+        encoder = load_cross_encoder(checks.verifier)
+        if encoder.previous_verifier is not None:
+            from policies.cache.verifier import load_verifier
+
+            load_verifier(str(encoder.previous_verifier))
     else:
         from policies.cache.verifier import load_verifier
 

@@ -72,8 +72,8 @@ BUNDLED_VERIFIER = _ARTIFACTS / "verifier.npz"
 # The cross-encoder (`verifier: cross_encoder`; cross_encoder_train.py writes it, with its chosen
 # threshold in cross_encoder.json).
 BUNDLED_CROSS_ENCODER = _ARTIFACTS / "cross_encoder.onnx"
-# Chosen on the selection split for the bundled verifier (policies/cache/MODEL_CARD.md).
-DEFAULT_MIN_PROBABILITY = 0.96
+# Chosen on the selection split with the bundled cross-encoder (artifacts/cross_encoder.json, policies/cache/MODEL_CARD.md).
+DEFAULT_MIN_PROBABILITY = 0.94
 
 
 class VerifySection(BaseModel):
@@ -96,7 +96,7 @@ class VerifySection(BaseModel):
     reverse_markers: list[str] = Field(default_factory=lambda: ["from"])
     opposite_pairs: list[_WordPair] = Field(default_factory=lambda: list(_OPPOSITE_PAIRS))
     verifier: str = Field(
-        "bundled",
+        "cross_encoder",
         description="bundled, cross_encoder, off, or the path of an artifact (.npz: verifier_train.py, .onnx: cross_encoder_train.py)",
     )
     min_probability: float = Field(

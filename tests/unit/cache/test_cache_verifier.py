@@ -20,6 +20,7 @@ from policies.cache.matcher import decide, decide_many
 from policies.cache.verifier import BUNDLED as PREVIOUS
 from policies.cache.verifier import LEXICAL_NAMES, PairText, load_verifier, pair_vector
 from policies.cache.verify import BUNDLED_VERIFIER, VerifyConfig
+from policies.policy import Policy
 
 PARAPHRASE = ("How do I reset my password?", "How can I reset my password?")
 NEGATION = ("Why is the sky blue?", "Why isn't the sky blue?")
@@ -41,40 +42,49 @@ def test_the_artifacts_are_small_and_the_policy_names_them() -> None:
     assert sum(p.stat().st_size for p in ARTIFACTS.iterdir()) <= 25 * 1024 * 1024
     meta = json.loads(BUNDLED_CROSS_ENCODER.with_suffix(".json").read_text())
     assert meta["format"] == 1 and "training" in meta and meta["selection"]["chosen"]["min_probability"] > 0
-    assert CacheConfig.from_section({}).verify.verifier == str(BUNDLED_VERIFIER)
+    assert CacheConfig.from_section({}).verify.verifier == str(BUNDLED_CROSS_ENCODER)
+    assert VerifyConfig.from_policy({"verifier": "bundled"}).verifier == str(BUNDLED_VERIFIER)
     assert VerifyConfig.from_policy({"verifier": "cross_encoder"}).verifier == str(BUNDLED_CROSS_ENCODER)
 
 
+@pytest.fixture
+def encode(sentence_encoder: Any) -> Any:
+    """The gateway's sentence encoder: the vectors a lookup has for the query and its candidates."""
+    return lambda *texts: np.asarray(sentence_encoder.encode(list(texts)))
+
+
 @pytest.mark.slow
-def test_the_scorer_puts_a_paraphrase_above_a_negation_and_an_antonym() -> None:
+def test_the_cross_encoder_reads_a_paraphrase_above_a_negation_and_an_antonym() -> None:
     encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
-    # The same cosine for all three: the order comes from the cross-encoder's reading of the pairs.
-    paraphrase, negation, antonym = encoder.probabilities([PARAPHRASE, NEGATION, ANTONYM], [0.9, 0.9, 0.9]).tolist()
-    assert all(0.0 <= p <= 1.0 for p in (paraphrase, negation, antonym))
+    paraphrase, negation, antonym = encoder.logits([PARAPHRASE, NEGATION, ANTONYM]).tolist()
     assert paraphrase > negation and paraphrase > antonym
     # Scored alone (no padding) close to the batch: int8 dynamic quantisation scales activations
     # per call, so a batch's range moves the figure a little.
-    alone = encoder.probabilities([PARAPHRASE], [0.9])[0]
-    assert alone == pytest.approx(paraphrase, abs=0.05)
+    alone = encoder.logits([PARAPHRASE])[0]
+    assert alone == pytest.approx(paraphrase, abs=0.3)
 
 
 @pytest.mark.slow
 def test_a_pair_too_long_to_read_whole_is_not_scored() -> None:
     encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
     long_text = "tell me about the history of the city " * 20
-    probabilities = encoder.probabilities([(long_text, long_text), PARAPHRASE], [1.0, 0.9])
+    probabilities = encoder.probabilities([(long_text, long_text), PARAPHRASE], [1.0, 0.9], [0.99, 0.9])
     assert probabilities[0] == 0.0 and probabilities[1] > 0.0
     assert encoder.pairs == 1  # only the pair that fits went to the graph
 
 
 @pytest.mark.slow
-def test_the_blend_reads_the_cosine() -> None:
+def test_the_blend_reads_the_cross_encoder_and_the_embedding_feature_verifier() -> None:
     encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
-    assert encoder.meta["blend"]["cosine"] > 0  # fitted on the selection split: a closer pair is likelier the same
-    low, high = encoder.probabilities([PARAPHRASE, PARAPHRASE], [0.75, 0.95]).tolist()
+    blend = encoder.meta["blend"]
+    # Fitted on the selection split: both readers carry weight.
+    assert blend["logit"] > 0 and blend["previous"] > 0 and encoder.previous_verifier == PREVIOUS
+    low, high = encoder.probabilities([PARAPHRASE, PARAPHRASE], [0.9, 0.9], [0.2, 0.99]).tolist()
     assert low < high
     with pytest.raises(ValueError, match="cosine"):
         encoder.probabilities([PARAPHRASE])
+    with pytest.raises(ValueError, match="previous"):
+        encoder.probabilities([PARAPHRASE], [0.9])
 
 
 def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) -> None:
@@ -90,28 +100,45 @@ def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_the_candidates_left_are_scored_in_one_call() -> None:
+def test_the_candidates_left_are_scored_in_one_call(encode: Any) -> None:
     cfg = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 0.0})
     encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
+    texts = [PARAPHRASE[1], "What is the capital of France?", "How do I reset my pass word?"]
+    q, *vectors = encode(PARAPHRASE[0], *texts)
     before = (encoder.calls, encoder.pairs)
     decisions = decide_many(
         PARAPHRASE[0],
-        [(0.95, PARAPHRASE[1], None), (0.3, "What is the capital of France?", None), (0.9, "How do I reset my pass word?", None)],
+        [(0.95, texts[0], vectors[0]), (0.3, texts[1], vectors[1]), (0.9, texts[2], vectors[2])],
         threshold=0.8,
         checks=cfg,
+        query_vector=q,
     )
     assert (encoder.calls, encoder.pairs) == (before[0] + 1, before[1] + 2)
     assert [d.hit for d in decisions] == [True, False, True]
     assert decisions[1].reason == "threshold" and decisions[0].probability is not None
+    # Without the vectors the blend's embedding-feature part cannot run: a miss, and no call.
+    d = decide_many(PARAPHRASE[0], [(0.95, texts[0], None)], threshold=0.8, checks=cfg, query_vector=q)[0]
+    assert (d.hit, d.reason) == (False, "no_vector") and encoder.calls == before[0] + 1
 
 
 @pytest.mark.slow
-def test_min_probability_decides() -> None:
+def test_min_probability_decides(encode: Any) -> None:
     never = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 1.0})
     always = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 0.0})
-    assert decide(1.0, *PARAPHRASE, threshold=0.8, checks=always).hit
-    d = decide(1.0, *PARAPHRASE, threshold=0.8, checks=never)
+    u, v = encode(*PARAPHRASE)
+    assert decide(1.0, *PARAPHRASE, threshold=0.8, checks=always, query_vector=u, candidate_vector=v).hit
+    d = decide(1.0, *PARAPHRASE, threshold=0.8, checks=never, query_vector=u, candidate_vector=v)
     assert not d.hit and d.reason == "verifier" and d.probability is not None
+
+
+@pytest.mark.slow
+def test_the_shipped_setting_serves_a_rewrite_and_not_a_negation(encode: Any) -> None:
+    shipped = CacheConfig.from_section(Policy.load().resolve("cache"))
+    for (a, b), served in ((PARAPHRASE, True), (("How do I enable dark mode?", "How do I not enable dark mode?"), False),
+                           (ANTONYM, False)):  # fmt: skip
+        u, v = encode(a, b)
+        d = decide(float(u @ v), a, b, threshold=shipped.threshold, checks=shipped.verify, query_vector=u, candidate_vector=v)
+        assert d.hit is served, (a, b, d)
 
 
 def test_with_the_verifier_off_the_vetoes_decide() -> None:
@@ -176,3 +203,13 @@ def test_cache_match_reports_the_gateway_decision(sentence_encoder: Any) -> None
     assert rows[0]["hit"] is (rows[0]["probability"] >= round(config.verify.min_probability, 4))
     assert rows[1]["hit"] is False and rows[1]["reason"] == "threshold"
     assert "error" in rows[2]
+
+
+def test_the_shipped_policy_runs_the_setting_chosen_with_the_artifact() -> None:
+    """Gate, vetoes and threshold were chosen together on the selection split; a retrained
+    artifact whose choice moved must move the shipped policy with it."""
+    chosen = json.loads(BUNDLED_CROSS_ENCODER.with_suffix(".json").read_text())["selection"]["chosen"]
+    shipped = CacheConfig.from_section(Policy.load().resolve("cache"))
+    assert shipped.verify.verifier == str(BUNDLED_CROSS_ENCODER)
+    assert shipped.threshold == pytest.approx(chosen["gate"]) and shipped.verify.min_probability == pytest.approx(chosen["min_probability"])
+    assert chosen["vetoes"] and shipped.verify.numbers and shipped.verify.negation and shipped.verify.entities
