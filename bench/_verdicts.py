@@ -156,12 +156,23 @@ def _cache_latency(d: dict[str, Any]) -> list[Record]:
 
 
 def _cache_quality(d: dict[str, Any]) -> list[Record]:
-    threshold = d.get("target", {}).get("precision_on_every_source", 0.97)
     test = d.get("at_policy_default", {}).get("test", {})
-    return [
-        rate(f"precision_{source}_test", int(f["true_hits"]), int(f["served"]), ">=", threshold, n_of="served pairs")
-        for source, f in test.items()
-    ]
+    targets = d.get("targets")
+    if not targets:  # older files: one precision target on every source
+        threshold = d.get("target", {}).get("precision_on_every_source", 0.97)
+        targets = {source: {"precision": threshold} for source in test}
+    out = []
+    for source, want in targets.items():
+        f = test.get(source)
+        if f is None:
+            continue
+        if "precision" in want:
+            out.append(rate(f"precision_{source}_test", int(f["true_hits"]), int(f["served"]), ">=", want["precision"],
+                            n_of="served pairs"))  # fmt: skip
+        if "recall" in want:
+            out.append(rate(f"recall_{source}_test", int(f["true_hits"]), int(f["positives"]), ">=", want["recall"],
+                            n_of="positive pairs"))  # fmt: skip
+    return out
 
 
 def _cache_error_bound(d: dict[str, Any]) -> list[Record]:
