@@ -60,7 +60,7 @@ edge-calibration: $(STAMP)
 
 # The semantic cache's learned verifier (policies/cache/MODEL_CARD.md); reads ../shared/data/cache.
 cache-verifier: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.cache.verifier_train
+	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.cross_encoder_train
 
 bench: $(STAMP)
 	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/image.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done

@@ -163,12 +163,31 @@ def _cache_latency(d: dict[str, Any]) -> list[Record]:
 
 
 def _cache_quality(d: dict[str, Any]) -> list[Record]:
-    threshold = d.get("target", {}).get("precision_on_every_source", 0.97)
     test = d.get("at_policy_default", {}).get("test", {})
-    return [
-        rate(f"precision_{source}_test", int(f["true_hits"]), int(f["served"]), ">=", threshold, n_of="served pairs")
-        for source, f in test.items()
-    ]
+    targets = d.get("targets")
+    if not targets:  # older files: one precision target on every source
+        threshold = d.get("target", {}).get("precision_on_every_source", 0.97)
+        targets = {source: {"precision": threshold} for source in test}
+    out = []
+    for source, want in targets.items():
+        f = test.get(source)
+        if f is None:
+            continue
+        if "precision" in want:
+            out.append(rate(f"precision_{source}_test", int(f["true_hits"]), int(f["served"]), ">=", want["precision"],
+                            n_of="served pairs"))  # fmt: skip
+        if "recall" in want:
+            out.append(rate(f"recall_{source}_test", int(f["true_hits"]), int(f["positives"]), ">=", want["recall"],
+                            n_of="positive pairs"))  # fmt: skip
+    return out
+
+
+def _cache_error_bound(d: dict[str, Any]) -> list[Record]:
+    # The one target the replay names; the hit rate is reported beside the static thresholds' (the file's runs).
+    bound = float(d.get("policy", {}).get("max_error_rate", 0.02))
+    run = d.get("runs", {}).get("bound", {})
+    return [rate("served_error_with_bound", int(run.get("wrong", 0)), int(run.get("semantic_hits", 0)), "<=", bound,
+                 n_of="served semantic hits")]  # fmt: skip
 
 
 def _dashboard(d: dict[str, Any]) -> list[Record]:
@@ -390,6 +409,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
     "image": _image,
+    "cache_error_bound": _cache_error_bound,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,

@@ -617,6 +617,29 @@ def render_edge_escalation_ttfb(data: dict[str, Any]) -> list[str]:
     return _table(["run", "answer", "requests", "escalated", "ttfb p50 ms", "ttfb p90 ms"], rows)
 
 
+def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
+    w, policy = data.get("workload") or {}, data.get("policy") or {}
+    rows = []
+    for name, r in (data.get("runs") or {}).items():
+        state = r.get("bound_state") or {}
+        threshold = r.get("threshold") if name != "bound" else f"{policy.get('shipped_threshold')} -> {state.get('threshold')}"
+        rows.append([name if name != "bound" else f"bound (max_error_rate {policy.get('max_error_rate')})", threshold,
+                     _rate(r.get("wrong"), r.get("semantic_hits"), r.get("served_error")), r.get("served_error_upper_one_sided"),
+                     r.get("semantic_hit_rate"),
+                     r.get("hit_rate"), r.get("unjudged_semantic_hits")])  # fmt: skip
+    lines = [
+        f"Replay of {w.get('queries')} test-split queries ({', '.join(w.get('sources') or [])}; {w.get('same_question_pairs')} of "
+        f"{w.get('pairs')} pairs the same question) over {w.get('stored_first')} stored questions, through the embedded cache "
+        f"with the shipped verifier ({policy.get('kind')} threshold {policy.get('shipped_threshold')}); the upstream's "
+        f"judgement simulated by the labels; share of hits and refused candidates judged: {_num(policy.get('sample_rate'))}. "
+        "Served error = wrong / judged semantic hits (Wilson 95 %); hit rates over all lookups.",
+        "",
+    ]  # fmt: skip
+    lines += _table(["run", "threshold", "served error", "one-sided 95 % upper", "semantic hit rate", "hit rate (with exact)",
+                     "unjudged hits"], rows)  # fmt: skip
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -632,6 +655,7 @@ def render_generic(data: dict[str, Any]) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "cache_error_bound": render_cache_error_bound,
     "cache_latency": render_cache_latency,
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,

@@ -61,6 +61,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                     value = await component.build(settings, policy)
                     setattr(services, component.attribute, value)
                     started.append(value)
+            if services.cache is not None and services.telemetry is not None:
+                services.telemetry.watch_cache_bounds(services.cache.bounds.stats)
             app[SERVICES] = services
             app[MODELS] = ModelCatalog.from_services(services)
             pipeline = app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)

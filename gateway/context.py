@@ -64,6 +64,9 @@ class RequestContext:
     cache_status: str = "off"  # hit | miss | bypass | off
     cache_similarity: float | None = None
     cache_key: Any = None  # set by the cache lookup for the store stage
+    # cache.max_error_rate: on a miss, the best stored answer refused by the error bound alone (a
+    # CacheHit); the shadow stage judges it against the upstream's answer
+    cache_candidate: Any = None
     trim_saved: dict[str, int] = field(default_factory=dict)  # tokens removed, by pass
     usage: Usage | None = None
     first_token_at: float | None = None

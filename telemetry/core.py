@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from policies.budgets import Budgets, SpendRow
+from policies.cache.error_bound import ScopeStats
 from policies.domain import EdgeCheck, Outcome, Usage
 from policies.errors import LimitExceeded
 from policies.policy import Policy
@@ -27,7 +29,7 @@ from telemetry.config import TelemetryConfig
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from telemetry.loop_monitor import LoopMonitor
 from telemetry.metrics import Measurement, OtelMetrics
-from telemetry.prometheus import PromMetrics
+from telemetry.prometheus import CACHE_BOUND_GAUGES, CacheBoundCollector, PromMetrics
 from telemetry.record import MeteredRequest
 from telemetry.setup import build_providers
 from telemetry.spans import ModelSpan, NoopSpan, ServerSpan, Spans, StageSpan
@@ -124,6 +126,7 @@ class Telemetry:
         # the error codes the gateway's own error tree defines: the only error labels metrics carry
         self._error_codes = error_codes
         self._started = False
+        self._watching_bounds = False
 
     async def start(self) -> None:
         """Start the loop monitor; open the ledger, load the local tokenizer and restore this month's spend."""
@@ -351,6 +354,7 @@ class Telemetry:
             tier=ctx.tier if ctx.lane == "upstream" else None,
             saved_vs_strong=bill.saved_vs_strong,
             saved_vs_named=bill.saved_vs_named,
+            cache_score=_float_or_none(ctx.attributes.get("tierlane.cache.score")) if ctx.cache_status == "hit" else None,
         )
 
     def _measurement(
@@ -417,6 +421,34 @@ class Telemetry:
                 return await self.usage(query), "local", FLEET_UNAVAILABLE
         return await self.usage(query), "local", None
 
+    def watch_cache_bounds(self, read: Callable[[], list[ScopeStats]]) -> None:
+        """Export the semantic cache's error bound per tenant/app (cache.max_error_rate): on /metrics,
+        and as OTel observable gauges where an OTel meter is configured. Called once, when the cache is built."""
+        if self._watching_bounds:
+            return
+        self._watching_bounds = True
+        bounds = self.bounds
+        if self.prometheus is not None:
+            self.prometheus.registry.register(CacheBoundCollector(read, bounds.tenant, bounds.app))
+        mp = self._providers.meter_provider
+        if mp is None:
+            return
+        meter = mp.get_meter("tierlane")
+        for name, doc, value in CACHE_BOUND_GAUGES:
+
+            def observe(options: CallbackOptions, value: Callable[[ScopeStats], float | None] = value) -> list[Observation]:
+                out = []
+                for st in read():
+                    tenant, _sep, app = st.scope.partition("/")
+                    v = value(st)
+                    if v is not None:
+                        out.append(Observation(float(v), {a.TENANT: bounds.tenant(tenant), a.APP: bounds.app(app)}))
+                return out
+
+            # tierlane_cache_served_error -> tierlane.cache.served_error
+            meter.create_observable_gauge("tierlane.cache." + name.removeprefix("tierlane_cache_"), callbacks=[observe],
+                                          description=doc)  # fmt: skip
+
     def render_metrics(self) -> bytes:
         return self.prometheus.render() if self.prometheus is not None else b""
 
@@ -427,6 +459,10 @@ class Telemetry:
             (month_start,),
         )
         return [SpendRow(tenant=r["tenant"], app=r["app"], day=r["day"], cost=float(r["cost"] or 0.0)) for r in rows]
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 # Template tokens a chat format may add per message (role markers, separators), and once per

@@ -95,6 +95,9 @@ class LedgerRow:
     # (telemetry/billing.py); NULL in rows written before, which read as the saved_* sum
     saved_vs_strong: float | None = None
     saved_vs_named: float | None = None
+    # a semantic hit's score where the cache's error bound applies to it: the verifier's
+    # probability, or the cosine with the verifier off (policies/cache/error_bound.py)
+    cache_score: float | None = None
 
     @property
     def day(self) -> str:
@@ -141,7 +144,8 @@ CREATE TABLE IF NOT EXISTS requests (
     trace_id TEXT,
     tier TEXT,
     saved_vs_strong REAL,
-    saved_vs_named REAL
+    saved_vs_named REAL,
+    cache_score REAL
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -162,6 +166,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "tier": "TEXT",
     "saved_vs_strong": "REAL",
     "saved_vs_named": "REAL",
+    "cache_score": "REAL",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

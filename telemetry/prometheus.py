@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from telemetry.attributes import SAVING_REASONS
@@ -40,6 +40,48 @@ class _ReadCounter:
 
     def collect(self) -> list[CounterMetricFamily]:
         return [CounterMetricFamily(self._name, self._documentation, value=float(self._read()))]
+
+
+# (name, documentation, what of a scope's ScopeStats it reads; None: not exported this scrape)
+CACHE_BOUND_GAUGES: tuple[tuple[str, str, Callable[[Any], float | None]], ...] = (
+    ("tierlane_cache_served_error", "Semantic cache hits judged wrong, as they are served now (cache.max_error_rate)",
+     lambda st: st.error),
+    ("tierlane_cache_served_error_upper", "Upper confidence bound of the semantic cache's served error",
+     lambda st: st.upper),
+    ("tierlane_cache_max_error_rate", "The bound the served error's upper bound is kept under", lambda st: st.max_error_rate),
+    ("tierlane_cache_serve_threshold", "The threshold semantic hits are served at (verifier probability, or cosine)",
+     lambda st: st.threshold),
+    ("tierlane_cache_hit_rate", "Cache hits over cache lookups, where cache.max_error_rate is set", lambda st: st.hit_rate),
+    ("tierlane_cache_judged_hits", "Semantic hits judged against the upstream's answer (all, since start)",
+     lambda st: float(st.observed)),
+)  # fmt: skip
+
+
+class CacheBoundCollector:
+    """The cache's error bound per tenant/app, read at scrape time (labels bounded like every other)."""
+
+    def __init__(self, read: Callable[[], list[Any]], tenant: Callable[[str], str], app: Callable[[str], str]) -> None:
+        self._read = read
+        self._tenant = tenant
+        self._app = app
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(name, doc, labels=["tenant", "app"]) for name, doc, _ in CACHE_BOUND_GAUGES]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        families = [GaugeMetricFamily(name, doc, labels=["tenant", "app"]) for name, doc, _ in CACHE_BOUND_GAUGES]
+        seen: set[tuple[str, str]] = set()
+        for st in self._read():
+            tenant, _, app = st.scope.partition("/")
+            labels = (self._tenant(tenant), self._app(app))
+            if labels in seen:
+                continue  # unlisted tenants/apps share `other`: the first one seen stands for them
+            seen.add(labels)
+            for family, (_, _, value) in zip(families, CACHE_BOUND_GAUGES):
+                v = value(st)
+                if v is not None:
+                    family.add_metric(list(labels), float(v))
+        return families
 
 
 class PromMetrics:

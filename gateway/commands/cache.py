@@ -121,7 +121,7 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
     """Read {"a", "b"} JSON lines, write {"hit", "similarity", "probability", "reason"} lines; returns the error count.
 
     The gateway's own path: both texts normalised as a request's last turn is, embedded with the
-    default backend, then `decide` with both vectors (threshold, rule vetoes, learned verifier).
+    default backend, then `decide` with their cosine (gate, rule vetoes, cross-encoder), as a lookup decides.
     """
     from policies.cache.scope import normalise
     from policies.embedder import load_encoder
@@ -202,6 +202,6 @@ def register(subparsers: Any) -> None:
 
     match = sub.add_parser("match", help='read {"a","b"} JSON lines on stdin; write whether b would be served for a')
     match.add_argument("--policy", help="operator policy YAML merged over the defaults")
-    match.add_argument("--threshold", type=float, help="override the policy's similarity threshold")
+    match.add_argument("--threshold", type=float, help="override the policy's cosine gate (cache.threshold)")
     match.add_argument("--min-probability", type=float, help="override the policy's cache.verify.min_probability")
     match.set_defaults(func=_match)

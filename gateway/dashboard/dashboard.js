@@ -318,6 +318,11 @@
       ? table(["shadow agreement", "sampled", "mean similarity", "agree"], shadow.map((s) => [{ cls: "t", text: s.lane }, fmtInt(s.count),
         fmtNum(s.mean_similarity, 3), { text: fmtPct(s.agreement), title: "share above " + s.agree_above }]))
       : el("p", { cls: "muted", text: "No shadow comparisons in this range (policy shadow.sample_rate)." }));
+    const bound = q.cache_bound || [];
+    if (bound.length) parts.push(table(["cache error bound", "!tenant / app", "serve threshold", "served error", "upper bound", "judged hits", "hit rate"],
+      bound.map((b) => [{ cls: "t", text: b.kind }, { cls: "t", text: b.tenant + " / " + b.app }, fmtNum(b.threshold, 3),
+        fmtPct(b.served_error), { text: fmtPct(b.upper_bound) + " / " + fmtPct(b.max_error_rate), title: "upper confidence bound / cache.max_error_rate" },
+        fmtInt(b.judged), fmtPct(b.hit_rate)])));
     if (q.routes.length) parts.push(table(["routing reason", "requests"], q.routes.map((r) => [{ cls: "t", text: r.reason }, fmtInt(r.count)])));
     const tiers = q.tiers || [];
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [

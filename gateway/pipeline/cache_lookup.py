@@ -12,11 +12,17 @@ from gateway.pipeline.embed import ensure_embedding
 from policies.cache.backend import CacheBackend
 from policies.cache.replay import fresh_body, replay_chunks
 from policies.cache.scope import build_key, wants
+from policies.cache.service import CacheHit
 
 if TYPE_CHECKING:
     from gateway.services import Services
 
 logger = logging.getLogger(__name__)
+
+
+def bound_scope(tenant: str, app: str) -> str:
+    """The scope `cache.max_error_rate` is kept for: one tenant's app."""
+    return f"{tenant}/{app}"
 
 
 @dataclass(slots=True)
@@ -45,14 +51,25 @@ class CacheLookupStage:
             ctx.attributes["tierlane.cache.bypass_reason"] = "no-cache"
             return None
         max_tokens = ctx.request.output_limit if ctx.request is not None else None
+        scope = bound_scope(ctx.principal.tenant, ctx.principal.app)
         # Exact match first: a repeat is answered without computing an embedding at all.
-        hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens)
+        hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens, bound_scope=scope)
+        refused: list[CacheHit] | None = [] if config.bound is not None else None
         if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
-            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False)
+            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False,
+                                          bound_scope=scope, refused=refused)  # fmt: skip
+        if config.bound is not None:
+            self.cache.bounds.count_lookup(scope, config.bound, hit=hit is not None, exact=hit is not None and hit.exact)
         if hit is None:
             ctx.cache_status = "miss"
+            if refused:
+                ctx.cache_candidate = refused[0]
+                ctx.attributes["tierlane.cache.refused_score"] = refused[0].score
             return None
         ctx.cache_status = "hit"
+        ctx.attributes["tierlane.cache.entry_id"] = hit.entry_id
+        if hit.score is not None:
+            ctx.attributes["tierlane.cache.score"] = hit.score  # what the error bound's threshold applies to
         ctx.cache_similarity = hit.similarity
         ctx.lane = "cache"
         ctx.usage = Usage.from_openai(hit.usage)

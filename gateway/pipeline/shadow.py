@@ -5,6 +5,19 @@ sent to the upstream pool in the background (never on the response path, bounded
 concurrency, failures logged), both answers are embedded with the gateway's sentence
 embedder, and their cosine similarity is stored per lane in `<state_dir>/shadow.sqlite3`.
 GET /v1/shadow (gateway.routes.shadow) reads the table back.
+
+With `cache.max_error_rate` set for the request's tenant/app, a served *semantic* cache hit (not
+an exact repeat) is sampled at `cache.error_sample_rate` instead (whatever `shadow.sample_rate`
+and `shadow.lanes` say; `shadow.enabled: false` turns it off too), and its judgement goes to the
+cache's error bound (policies/cache/error_bound.py): the served answer was right when it agrees
+with the upstream's (answer similarity >= AGREE, the same check the table's share counts). The
+request's own checks (rule vetoes, verifier) compare requests, not answers, so they have no say
+here. Each such re-ask is an upstream call, metered by the upstream as any other.
+
+A miss whose best candidate passed every check but the bound's threshold (the lookup leaves it
+in `ctx.cache_candidate`) is sampled at the same rate once the upstream has answered it: the
+stored answer is compared with the upstream's (no second upstream call), and the judgement goes
+to the bound as an observation below its threshold (what lets it loosen on evidence).
 """
 
 from __future__ import annotations
@@ -22,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.context import Outcome, RequestContext
+from gateway.pipeline.cache_lookup import bound_scope
+from policies.cache.error_bound import BoundParams
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -207,6 +222,22 @@ class ShadowHook:
         self.dropped = 0
         self.failed = 0
         self.recorded = 0
+        self.judged = 0  # semantic cache hits judged for the cache's error bound
+        self.judged_refused = 0  # candidates the bound refused, judged against the upstream's answer
+
+    def _bound(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float] | None:
+        """(scope, bound, entry id, score) when this answer is a semantic cache hit under `cache.max_error_rate`."""
+        cache = self.services.cache
+        if cache is None or ctx.lane != "cache" or ctx.attributes.get("tierlane.cache.exact") is not False:
+            return None
+        entry_id, score = ctx.attributes.get("tierlane.cache.entry_id"), ctx.attributes.get("tierlane.cache.score")
+        if not isinstance(entry_id, int) or not isinstance(score, float):
+            return None
+        config = cache.config_for(tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model,
+                                  route=ctx.requested_route)  # fmt: skip
+        if config.bound is None:
+            return None
+        return bound_scope(ctx.principal.tenant, ctx.principal.app), config.bound, entry_id, score
 
     def _config_for(self, ctx: RequestContext) -> ShadowConfig:
         if not self._overrides:
@@ -220,15 +251,38 @@ class ShadowHook:
             config = self._configs[key] = ShadowConfig.from_section(section)
         return config
 
+    def _candidate(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float, str] | None:
+        """(scope, bound, entry id, score, stored answer) of the candidate the error bound alone refused,
+        on a request the upstream answered (cache.max_error_rate)."""
+        cache, candidate = self.services.cache, ctx.cache_candidate
+        if cache is None or candidate is None or ctx.lane != "upstream" or candidate.score is None:
+            return None
+        config = cache.config_for(tenant=ctx.principal.tenant, app=ctx.principal.app, model=ctx.model,
+                                  route=ctx.requested_route)  # fmt: skip
+        stored = answer_text(candidate.response)
+        if config.bound is None or not stored:
+            return None
+        return bound_scope(ctx.principal.tenant, ctx.principal.app), config.bound, candidate.entry_id, candidate.score, stored
+
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
             return
         config = self._config_for(ctx)
-        if not config.enabled or ctx.lane not in config.lanes or config.sample_rate <= 0.0:
+        candidate = self._candidate(ctx)
+        if candidate is not None and config.enabled and self.services.embedder is not None:
+            self._judge_soon(ctx, candidate, answer_text(outcome.response))
+        bound = self._bound(ctx)
+        if bound is not None:
+            rate = bound[1].sample_rate
+        elif ctx.lane in config.lanes:
+            rate = config.sample_rate
+        else:
+            return
+        if not config.enabled or rate <= 0.0:
             return
         if self.services.embedder is None or not self.services.pool.has_upstreams():
             return
-        if self._rng.random() >= config.sample_rate:
+        if self._rng.random() >= rate:
             return
         text = answer_text(outcome.response)
         if not text:
@@ -237,7 +291,7 @@ class ShadowHook:
             self.dropped += 1
             return
         self.sampled += 1
-        task = asyncio.get_running_loop().create_task(self._shadow(ctx, config, text))
+        task = asyncio.get_running_loop().create_task(self._shadow(ctx, config, text, bound))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -249,7 +303,9 @@ class ShadowHook:
         name = wanted if wanted in names else pool.pool_for_model(model) or names[0]
         return name, model
 
-    async def _shadow(self, ctx: RequestContext, config: ShadowConfig, text: str) -> None:
+    async def _shadow(
+        self, ctx: RequestContext, config: ShadowConfig, text: str, bound: tuple[str, BoundParams, int, float] | None
+    ) -> None:
         try:
             async with self._gate:
                 pool_name, model = self._target(ctx, config)
@@ -277,11 +333,43 @@ class ShadowHook:
                 upstream_output_tokens=int(usage.get("completion_tokens") or 0),
             ))
             self.recorded += 1
+            if bound is not None and self.services.cache is not None:
+                scope, params, entry_id, score = bound
+                await self.services.cache.observe(scope, params, entry_id, score, wrong=similarity < AGREE)
+                self.judged += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a shadow call must never surface to anyone
             self.failed += 1
             log.warning("shadow comparison for request %s (%s lane) failed: %s", ctx.request_id, ctx.lane, exc)
+
+    def _judge_soon(self, ctx: RequestContext, candidate: tuple[str, BoundParams, int, float, str], upstream_text: str) -> None:
+        """Sample the refused candidate for judgement: no upstream call, the upstream already answered."""
+        if not upstream_text or self._rng.random() >= candidate[1].sample_rate:
+            return
+        if len(self._tasks) >= self.config.max_pending:
+            self.dropped += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._judge(ctx, candidate, upstream_text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _judge(self, ctx: RequestContext, candidate: tuple[str, BoundParams, int, float, str], upstream_text: str) -> None:
+        scope, params, entry_id, score, stored = candidate
+        try:
+            async with self._gate:
+                embedder, cache = self.services.embedder, self.services.cache
+                if embedder is None or cache is None:
+                    return
+                ours, theirs = await asyncio.gather(embedder.embed(stored), embedder.embed(upstream_text))
+            similarity = float(np.clip(np.dot(np.asarray(ours), np.asarray(theirs)), -1.0, 1.0))
+            await cache.observe(scope, params, entry_id, score, wrong=similarity < AGREE)
+            self.judged_refused += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a judgement must never surface to anyone
+            self.failed += 1
+            log.warning("judging the refused cache candidate of request %s failed: %s", ctx.request_id, exc)
 
     async def drain(self) -> None:
         """Wait for the shadow calls in flight, however long they take (tests; shutdown uses `close`)."""
@@ -312,7 +400,12 @@ def build(services: Services) -> ShadowHook | None:
     any_override = any(
         float((rule.get("set") or {}).get("sample_rate", 0.0) or 0.0) > 0 for rule in section.get("overrides") or ()
     )
-    if not config.enabled or (config.sample_rate <= 0.0 and not any_override):
+    cache = services.policy.section("cache")
+    bound = services.cache is not None and (
+        cache.get("max_error_rate") is not None
+        or any((rule.get("set") or {}).get("max_error_rate") is not None for rule in cache.get("overrides") or ())
+    )
+    if not config.enabled or (config.sample_rate <= 0.0 and not any_override and not bound):
         return None
     if not services.pool.has_upstreams():
         log.warning("shadow sampling is on but no upstream is configured: shadow comparisons are off")

@@ -36,6 +36,7 @@ from gateway.keys import PRINCIPAL, REQUEST_ID, SERVICES, SETTINGS
 from gateway.pipeline.shadow import AGREE
 from gateway.pipeline.shadow import FILENAME as SHADOW_FILENAME
 from gateway.routes.usage import metered_telemetry
+from policies.cache.error_bound import ScopeStats
 from telemetry.dashboard import DashboardQuery, report, to_csv
 
 if TYPE_CHECKING:
@@ -87,6 +88,20 @@ def shadow_summary(path: Path, query: DashboardQuery) -> list[dict[str, Any]]:
     ]
 
 
+def cache_bound(stats: list[ScopeStats], tenant: str | None) -> list[dict[str, Any]]:
+    """The cache's error bound now (cache.max_error_rate), per tenant/app; one tenant's alone when `tenant` is set."""
+    out = []
+    for st in sorted(stats, key=lambda s: s.scope):
+        scope_tenant, _, app = st.scope.partition("/")
+        if tenant is not None and scope_tenant != tenant:
+            continue
+        out.append({"tenant": scope_tenant, "app": app, "kind": st.kind, "threshold": round(st.threshold, 4),
+                    "max_error_rate": st.max_error_rate, "served_error": None if st.error is None else round(st.error, 4),
+                    "upper_bound": round(st.upper, 4), "judged": st.observed, "judged_wrong": st.observed_wrong,
+                    "hit_rate": None if st.hit_rate is None else round(st.hit_rate, 4), "lookups": st.lookups})  # fmt: skip
+    return out
+
+
 def engine_stats(engine: EdgeEngine | None) -> dict[str, Any] | None:
     if engine is None:
         return None
@@ -122,6 +137,8 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
         if settings is not None:
             body["quality"]["shadow"] = await asyncio.to_thread(shadow_summary, settings.state_dir / SHADOW_FILENAME, query)
         found = services or request.app.get(SERVICES)
+        if found is not None and found.cache is not None:
+            body["quality"]["cache_bound"] = cache_bound(found.cache.bounds.stats(), query.tenant)
         if principal.global_admin and found is not None:
             body["edge_engine"] = engine_stats(found.engine)
         headers = {"x-request-id": request.get(REQUEST_ID, ""), "x-usage-source": body["source"], "Cache-Control": "no-store"}

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from policies.cache.config import CacheConfig
+from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit
 
@@ -24,6 +25,7 @@ class CacheBackend(Protocol):
     """Lookup, admission and purge of cached answers; scope and key rules are the caller's (scope.py)."""
 
     base: CacheConfig
+    bounds: ErrorBounds  # cache.max_error_rate: the online error bound (policies/cache/error_bound.py)
 
     def config_for(self, *, tenant: str, app: str, model: str, route: str | None) -> CacheConfig: ...
 
@@ -35,7 +37,11 @@ class CacheBackend(Protocol):
         *,
         max_output_tokens: int | None = None,
         exact: bool = True,
+        bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None: ...
+
+    async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None: ...
 
     async def store(
         self,

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from policies.cache.error_bound import BoundParams
 from policies.cache.scope import ScopeRules
 from policies.cache.verify import VerifyConfig, VerifySection
 from policies.policy import Policy
@@ -50,7 +51,7 @@ class CacheSection(StrictSection):
     semantic: bool = True
     # 0.02 above the lowest value where precision >= 0.97 holds on STS-B and GPTCache alike
     # (bench/cache_quality.py).
-    threshold: float = Field(0.82, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
+    threshold: float = Field(0.80, ge=-1.0, le=1.0, description="cosine a candidate needs before verification")
     candidates: int = Field(4, ge=1, description="best candidates verified, most similar first")
     ttl_s: float = Field(86_400, ge=0, description="entries expire this long after they were stored (0: never served again)")
     max_entries: int = Field(100_000, ge=1, description="least recently used entries are evicted above this")
@@ -61,6 +62,14 @@ class CacheSection(StrictSection):
         default_factory=lambda: list(_NEUTRAL_PARAMS), description="request fields that never change the answer"
     )
     verify: VerifySection = Field(default_factory=VerifySection)
+    max_error_rate: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="bound on the served semantic hits' error (policies/cache/error_bound.py); null: off",
+    )
+    error_confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of that bound")
+    error_sample_rate: float = Field(
+        0.2, gt=0.0, le=1.0, description="share of served semantic hits the shadow stage re-asks upstream to judge"
+    )
     overrides: list[OverrideRule] = Field(default_factory=list)
 
 
@@ -79,6 +88,7 @@ class CacheConfig:
     max_text_chars: int
     rules: ScopeRules
     verify: VerifyConfig
+    bound: BoundParams | None = None  # cache.max_error_rate set: the online error bound's parameters
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> CacheConfig:
@@ -103,8 +113,27 @@ class CacheConfig:
                 neutral_params=frozenset(parsed.neutral_params),
                 share_across_tenants=parsed.share_across_tenants,
             ),
-            verify=parsed.verify.config(),
+            verify=(verify := parsed.verify.config()),
+            bound=None if parsed.max_error_rate is None else bound_params(
+                parsed.max_error_rate, parsed.error_confidence, parsed.error_sample_rate, verify, parsed.threshold
+            ),
         )
+
+
+# Where loosening stops: a verifier probability of 0.5 (the verifier's "as likely as not"), or a
+# cosine this far below the shipped gate (verifier off).
+PROBABILITY_FLOOR = 0.5
+COSINE_FLOOR_BELOW = 0.07
+
+
+def bound_params(max_error_rate: float, confidence: float, sample_rate: float, verify: VerifyConfig, gate: float) -> BoundParams:
+    """The bound moves the verifier's min probability when a verifier runs, the cosine gate otherwise."""
+    if verify.verifier is not None:
+        return BoundParams(max_error_rate, "probability", start=verify.min_probability,
+                           floor=min(PROBABILITY_FLOOR, verify.min_probability), confidence=confidence,
+                           sample_rate=sample_rate)  # fmt: skip
+    return BoundParams(max_error_rate, "cosine", start=gate, floor=gate - COSINE_FLOOR_BELOW, confidence=confidence,
+                       sample_rate=sample_rate)  # fmt: skip
 
 
 class ResolvedConfigs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -15,12 +16,13 @@ from typing import Any, TypeVar, TypeVarTuple
 import numpy as np
 
 from policies.cache.config import CacheConfig, ResolvedConfigs
+from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import VectorIndex
-from policies.cache.matcher import decide
+from policies.cache.matcher import Decision, decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.store import Entry, EntryReader, EntryStore
-from policies.cache.verifier import PairText, load_verifier
+from policies.cache.verify import VerifyConfig
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 
@@ -42,6 +44,27 @@ class CacheHit:
     usage: dict[str, Any] | None
     similarity: float
     exact: bool
+    score: float | None = None  # a semantic hit's score: the verifier's probability, or the cosine without one
+
+
+def bound_gate(config: CacheConfig) -> tuple[float, VerifyConfig]:
+    """The cosine gate and the checks a lookup decides with: the policy's, or with `cache.max_error_rate`
+    set, loosened to the bound's floor (the bound then decides per candidate, `bound_score`)."""
+    bound = config.bound
+    if bound is None:
+        return config.threshold, config.verify
+    if bound.kind == "cosine":
+        return min(config.threshold, bound.floor), config.verify
+    return config.threshold, dataclasses.replace(config.verify, min_probability=min(bound.floor, config.verify.min_probability))
+
+
+def bound_score(decision: Decision) -> float:
+    """The score the bound's threshold applies to: the verifier's probability, or the cosine without one."""
+    return decision.probability if decision.probability is not None else decision.similarity
+
+
+def bound_allows(bounds: ErrorBounds, scope: str, params: BoundParams | None, entry_id: int, decision: Decision) -> bool:
+    return decision.hit and (params is None or bounds.serves(scope, params, entry_id, bound_score(decision)))
 
 
 class SemanticCache:
@@ -67,6 +90,7 @@ class SemanticCache:
         self._executor: ThreadPoolExecutor | None = None
         self._configs = ResolvedConfigs(policy)
         self._last_sweep = 0.0
+        self.bounds = ErrorBounds()  # cache.max_error_rate: per tenant/app and per entry (this process)
 
     async def start(self) -> None:
         """Open the entry store and load (or rebuild) the vector index."""
@@ -99,8 +123,15 @@ class SemanticCache:
         *,
         max_output_tokens: int | None = None,
         exact: bool = True,
+        bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:
-        """The best verified stored answer for `key`, or None; `exact=False` skips the exact-key probe."""
+        """The best verified stored answer for `key`, or None; `exact=False` skips the exact-key probe.
+
+        `bound_scope` names the scope (tenant/app) whose error bound decides, with `cache.max_error_rate`
+        set (default: the key's tenant). On a miss, the most similar candidate that passed every check
+        but the bound's threshold is appended to `refused` (when given): the shadow stage judges it
+        against the upstream's answer."""
         if exact and config.exact and self._reader is not None:
             now = time.time()
             try:
@@ -117,7 +148,11 @@ class SemanticCache:
                     return CacheHit(entry.id, entry.exact, entry.response, entry.usage, 1.0, True)
         if not exact and (not config.semantic or vector is None or len(key.text) > config.max_text_chars):
             return None  # nothing left to look for: no trip to the worker
-        return await self._call(self._lookup, key, vector, config, max_output_tokens, exact)
+        return await self._call(self._lookup, key, vector, config, max_output_tokens, exact, bound_scope or key.tenant, refused)
+
+    async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None:
+        """A judged semantic hit (the shadow stage's), for the error bound of `scope`."""
+        await self._call(lambda: self.bounds.observe(scope, params, entry_id, score, wrong=wrong))
 
     def _touch_soon(self, entry_id: int, now: float) -> None:
         """Count a hit; the worker writes the hits gathered meanwhile in one transaction."""
@@ -166,7 +201,7 @@ class SemanticCache:
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.base.verify.verifier is not None:
-            load_verifier(self.base.verify.verifier)  # read (and checked) now, not on the first lookup
+            load(self.base.verify)  # read (and checked) now, not on the first lookup
         self._store = EntryStore(self.directory / "entries.sqlite3")
         if self._index is None:
             path = self.directory / "vectors.faiss"
@@ -187,8 +222,9 @@ class SemanticCache:
             self._store = None
 
     def _lookup(
-        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool
-    ) -> CacheHit | None:
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool,
+        bound_scope: str, refused: list[CacheHit] | None = None,
+    ) -> CacheHit | None:  # fmt: skip
         assert self._store is not None and self._index is not None
         now = time.time()
         if exact and config.exact:
@@ -197,24 +233,35 @@ class SemanticCache:
                 return self._hit(entry, 1.0, exact=True, now=now)
         if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
             return None
-        neighbours = [n for n in self._index.search(key.scope, vector, config.candidates) if n.similarity >= config.threshold]
+        gate, checks = bound_gate(config)
+        neighbours = [n for n in self._index.search(key.scope, vector, config.candidates) if n.similarity >= gate]
         if not neighbours:
             return None
         entries = self._store.get_many(n.id for n in neighbours)
         stale = [n.id for n in neighbours if n.id not in entries]
         if stale:  # purged by another process (the CLI); drop the orphaned vectors
             self._index.remove(stale)
-        query: PairText | None = None
-        for neighbour in neighbours:
-            entry = entries.get(neighbour.id)
-            if entry is None or entry.scope != key.scope or entry.expires <= now:
-                continue
-            if query is None:
-                query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
-            decision = decide(neighbour.similarity, query, entry.text, threshold=config.threshold, checks=config.verify,
-                              query_vector=vector, candidate_vector=neighbour.vector)  # fmt: skip
-            if decision.hit and self._fits(entry, max_output_tokens):
-                return self._hit(entry, neighbour.similarity, exact=False, now=now)
+        live = [
+            (neighbour, entry)
+            for neighbour in neighbours
+            if (entry := entries.get(neighbour.id)) is not None
+            and entry.scope == key.scope and entry.expires > now and self._fits(entry, max_output_tokens)
+        ]  # fmt: skip
+        if not live:
+            return None
+        # One batched cross-encoder call for every candidate past the gate and the vetoes.
+        decisions = decide_many(key.text, [(n.similarity, e.text, n.vector) for n, e in live], threshold=gate,
+                                checks=checks, query_vector=vector)  # fmt: skip
+        first_refused: CacheHit | None = None
+        for (neighbour, entry), decision in zip(live, decisions):
+            if bound_allows(self.bounds, bound_scope, config.bound, entry.id, decision):
+                hit = self._hit(entry, neighbour.similarity, exact=False, now=now)
+                return dataclasses.replace(hit, score=bound_score(decision))
+            if decision.hit and first_refused is None:  # refused by the bound alone
+                first_refused = CacheHit(entry.id, entry.exact, entry.response, entry.usage, neighbour.similarity, False,
+                                         bound_score(decision))  # fmt: skip
+        if first_refused is not None and refused is not None:
+            refused.append(first_refused)
         return None
 
     @staticmethod

@@ -12,7 +12,8 @@ owner's keys share one cluster slot):
 - `<prefix>{<owner>}:cache:lru`: the owner's exact keys by last use (a sorted set); above the
   policy's `max_entries` (resolved for that tenant) the least recently used are evicted;
 - `<prefix>cache:stream`: what every replica applies to its index: `add` (id, owner, exact,
-  scope, tenant, expiry, vector), `del` (ids) and `purge` (a tenant), capped at
+  scope, tenant, expiry, vector), `del` (ids) and `purge` (a tenant), and to its error bound:
+  `obs` (a judged semantic hit: bound scope, its parameters, entry id, score, wrong), capped at
   `state.cache_stream_max_len` (approximate trim), so it need not hold the `add` of every live
   entry.
 
@@ -38,6 +39,7 @@ reconnect on their own; the follower retries, and resumes from its last position
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -52,12 +54,12 @@ import redis.asyncio as aioredis
 
 from policies.cache.backend import CacheUnavailable
 from policies.cache.config import CacheConfig, ResolvedConfigs
+from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import Neighbour
-from policies.cache.matcher import decide
+from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
-from policies.cache.service import CacheHit
-from policies.cache.verifier import PairText, load_verifier
+from policies.cache.service import CacheHit, bound_allows, bound_gate, bound_score
 from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
@@ -180,6 +182,8 @@ class SharedCache:
         self._touch_script = client.script(_TOUCH_LUA)
         self._origin = secrets.token_hex(8)  # this replica: its own events are applied when made
         self._configs = ResolvedConfigs(policy)
+        # cache.max_error_rate: every replica applies every judged hit (the `obs` events) to its own
+        self.bounds = ErrorBounds()
         self._index = FaissIndex(DIMENSION)
         self._meta: dict[int, _Meta] = {}
         self._by_exact: dict[str, int] = {}
@@ -215,7 +219,7 @@ class SharedCache:
         """Start the follower (a snapshot of the live entries, then the stream); a store that is down is retried."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-cache")
         if self.base.verify.verifier is not None:
-            await self._call(load_verifier, self.base.verify.verifier)  # read (and checked) now, not on the first lookup
+            await self._call(load, self.base.verify)  # read (and checked) now, not on the first lookup
         # NOTE: the scripts are loaded once here, not on a replica's first store: a NOSCRIPT
         # round (load, then run) took longer than op_timeout_ms under load, and that one
         # timeout switched the shared cache off for _BACKOFF_S. A store that is down now is
@@ -268,17 +272,27 @@ class SharedCache:
         *,
         max_output_tokens: int | None = None,
         exact: bool = True,
+        bound_scope: str | None = None,
+        refused: list[CacheHit] | None = None,
     ) -> CacheHit | None:
-        """The best verified stored answer for `key`, or None (also when the store fails: a miss)."""
+        """The best verified stored answer for `key`, or None (also when the store fails: a miss);
+        `bound_scope` and `refused` as SemanticCache.lookup's."""
         try:
-            return await self._lookup(key, vector, config, max_output_tokens, exact)
+            return await self._lookup(key, vector, config, max_output_tokens, exact, bound_scope or key.tenant, refused)
         except StoreDown:
             self.skipped += 1
             return None
 
+    async def observe(self, scope: str, params: BoundParams, entry_id: int, score: float, *, wrong: bool) -> None:
+        """A judged semantic hit, for the error bound of `scope` on this replica and, through the stream, every other."""
+        await self._call(lambda: self.bounds.observe(scope, params, entry_id, score, wrong=wrong))
+        await self._publish({"op": "obs", "scope": scope, "params": orjson.dumps(dataclasses.asdict(params)),
+                             "id": entry_id, "score": repr(score), "wrong": int(wrong)})  # fmt: skip
+
     async def _lookup(
-        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool
-    ) -> CacheHit | None:
+        self, key: CacheKey, vector: np.ndarray | None, config: CacheConfig, max_output_tokens: int | None, exact: bool,
+        bound_scope: str, refused: list[CacheHit] | None = None,
+    ) -> CacheHit | None:  # fmt: skip
         now = time.time()
         owner = self._owner(key, config)
         prefix = self._entry_prefix(owner)
@@ -289,7 +303,8 @@ class SharedCache:
                 return hit
         if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
             return None
-        found = await self._call(self._search, key.scope, vector, config.candidates, config.threshold)
+        gate, checks = bound_gate(config)
+        found = await self._call(self._search, key.scope, vector, config.candidates, gate)
         if not found:
             return None
 
@@ -299,38 +314,56 @@ class SharedCache:
             )
 
         rows = await self._op(fetch)
-        query = PairText(key.text, config.verify)  # extracted once, reused for every candidate
-        for (entry_id, meta, neighbour), row in zip(found, rows):
-            hit = self._accept(
-                row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner, exact_key=meta.exact,
-                config=config, verify=(query, vector, neighbour.vector),
-            )  # fmt: skip
+        # Rows that could be served, then one batched cross-encoder call for them on the worker thread.
+        live = [
+            (entry_id, meta, neighbour, row)
+            for (entry_id, meta, neighbour), row in zip(found, rows)
+            if self._servable(row, key, entry_id, now)
+        ]
+        if not live:
+            return None
+        decisions = await self._call(
+            lambda: decide_many(key.text, [(n.similarity, _text(row[2]), n.vector) for _, _, n, row in live],
+                                threshold=gate, checks=checks, query_vector=vector)
+        )  # fmt: skip
+        first_refused: CacheHit | None = None
+        for (entry_id, meta, neighbour, row), decision in zip(live, decisions):
+            if not bound_allows(self.bounds, bound_scope, config.bound, entry_id, decision):
+                if decision.hit and first_refused is None and refused is not None:  # refused by the bound alone
+                    first_refused = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens,
+                                                 owner=meta.owner, exact_key=meta.exact, touch=False)  # fmt: skip
+                    if first_refused is not None:
+                        first_refused = dataclasses.replace(first_refused, score=bound_score(decision))
+                continue
+            hit = self._accept(row, key, entry_id, neighbour.similarity, now, max_output_tokens, owner=meta.owner,
+                               exact_key=meta.exact)  # fmt: skip
             if hit is not None:
-                return hit
+                return dataclasses.replace(hit, score=bound_score(decision))
+        if first_refused is not None and refused is not None:
+            refused.append(first_refused)
         return None
+
+    @staticmethod
+    def _servable(row: list[Any], key: CacheKey, entry_id: int | None, now: float) -> bool:
+        stored_id, scope, _, body, expires = row
+        if stored_id is None or body is None or _text(scope) != key.scope or float(expires) <= now:
+            return False
+        return entry_id is None or int(stored_id) == entry_id
 
     def _accept(
         self, row: list[Any], key: CacheKey, entry_id: int | None, similarity: float, now: float, max_output_tokens: int | None,
-        *, owner: str, exact_key: str, config: CacheConfig | None = None,
-        verify: tuple[PairText, np.ndarray, np.ndarray | None] | None = None,
+        *, owner: str, exact_key: str, touch: bool = True,
     ) -> CacheHit | None:  # fmt: skip
-        """The hit a stored row gives (same scope, not expired, fits, verified when semantic), or None."""
-        stored_id, scope, text, body, expires = row
-        if stored_id is None or body is None or _text(scope) != key.scope or float(expires) <= now:
-            return None
-        if entry_id is not None and int(stored_id) != entry_id:
-            return None  # replaced since this vector was indexed; the replacement has its own
-        if config is not None:
-            query, query_vector, candidate_vector = verify or (PairText(key.text, config.verify), None, None)
-            decision = decide(similarity, query, _text(text), threshold=config.threshold, checks=config.verify,
-                              query_vector=query_vector, candidate_vector=candidate_vector)  # fmt: skip
-            if not decision.hit:
-                return None
+        """The hit a stored row gives (same scope, not expired, fits; a semantic row was verified by the caller), or None."""
+        if not self._servable(row, key, entry_id, now):
+            return None  # gone, another scope, expired, or replaced since this vector was indexed
+        stored_id, _, _, body, _ = row
         payload = orjson.loads(body)
         usage = payload.get("usage")
         if max_output_tokens is not None and usage and int(usage.get("completion_tokens") or 0) > max_output_tokens:
             return None
-        self._spawn(self._touch(owner, exact_key))
+        if touch:
+            self._spawn(self._touch(owner, exact_key))
         return CacheHit(int(stored_id), exact_key, payload["response"], usage, similarity, entry_id is None)
 
     async def _touch(self, owner: str, exact_key: str) -> None:
@@ -651,7 +684,11 @@ class SharedCache:
                     self._remove(_parse_ids(fields.get(b"ids", b"")))
                 elif op == "purge":
                     self._purge_local(fields[b"tenant"].decode(), _parse_ids(fields.get(b"ids", b"")))
-            except (KeyError, ValueError) as exc:
+                elif op == "obs":
+                    params = BoundParams(**orjson.loads(fields[b"params"]))
+                    self.bounds.observe(fields[b"scope"].decode(), params, int(fields[b"id"]), float(fields[b"score"]),
+                                        wrong=fields[b"wrong"] == b"1")  # fmt: skip
+            except (KeyError, ValueError, TypeError) as exc:
                 logger.warning("shared cache: malformed %r event skipped: %r", op, exc)
 
     def _sweep(self, now: float) -> None:

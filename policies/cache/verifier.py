@@ -1,8 +1,9 @@
-"""The learned cache verifier: a small MLP over the two embeddings and lexical pair features.
+"""The previous cache verifier: a small MLP over the two embeddings and lexical pair features.
 
-A candidate that passed the similarity threshold (and the rule checks in verify.py) is served
-only when this model's calibrated probability that both texts ask the same thing clears the
-policy's `cache.verify.min_probability`. Inputs, all symmetric in the two texts:
+No longer on the serving path (the cross-encoder of policies/cache/cross_encoder.py replaced it:
+this model reached QQP precision 0.98 only at recall 0.02). Kept, with its artifact, as the
+baseline bench/cache_quality.py reports beside the cross-encoder on the same pairs. Inputs, all
+symmetric in the two texts:
 
 - u*v and |u-v| of the two L2-normalised all-MiniLM-L6-v2 vectors (384 each): the lookup already
   has both, the query's from the embedder and the candidate's from the vector index;
@@ -27,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from policies.cache.verify import BUNDLED_VERIFIER, STOPWORDS, Features, VerifyConfig, _opposed, _stem, features
+from policies.cache.verify import STOPWORDS, Features, VerifyConfig, _opposed, _stem, features
 
-BUNDLED = BUNDLED_VERIFIER
+BUNDLED = Path(__file__).resolve().parent / "artifacts" / "verifier.npz"
+# The probability the previous policy served at (chosen on the selection split for precision >= 0.97).
+PREVIOUS_MIN_PROBABILITY = 0.96
 FORMAT = 1
 
 _QUESTION_WORDS = ("who", "whom", "whose", "what", "when", "where", "why", "which", "how")

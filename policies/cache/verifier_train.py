@@ -1,6 +1,10 @@
-"""Train, calibrate and select the cache verifier (development time; scikit-learn, not needed to serve).
+"""Train, calibrate and select the previous cache verifier (development time; scikit-learn).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m policies.cache.verifier_train      # or: make cache-verifier
+    HF_HUB_OFFLINE=1 .venv/bin/python -m policies.cache.verifier_train
+
+The model this writes no longer serves (policies/cache/cross_encoder_train.py builds the
+verifier the gateway runs, `make cache-verifier`); it is the baseline bench/cache_quality.py
+reports beside it.
 
 1. Pairs of QQP, STS-B dev and GPTCache with their component splits (verifier_data.py); each text
    embedded once with the gateway's encoder (kept under /tmp between runs).

@@ -1,5 +1,5 @@
 """Checks a semantic candidate must pass before it is served: rule vetoes (same numbers, entities,
-negation, direction) and the learned verifier's calibrated probability (policies/cache/verifier.py)."""
+negation, direction) and the cross-encoder's probability (policies/cache/cross_encoder.py)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,14 @@ _OPPOSITE_PAIRS: tuple[tuple[str, str], ...] = (
 _NEGATION_WORDS = ("not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "nowhere")
 _WordPair = Annotated[tuple[str, str], Strict(False)]  # NOTE: YAML gives [a, b] lists; the words stay strict
 
-# The learned verifier shipped with the package (policies/cache/verifier_train.py writes it).
-BUNDLED_VERIFIER = Path(__file__).resolve().parent / "artifacts" / "verifier.npz"
-# Chosen on the selection split for precision >= 0.97 on every source (policies/cache/MODEL_CARD.md).
-DEFAULT_MIN_PROBABILITY = 0.96
+_ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# The verifier `verifier: bundled` names: the embedding-feature verifier (verifier_train.py writes it).
+BUNDLED_VERIFIER = _ARTIFACTS / "verifier.npz"
+# The cross-encoder (`verifier: cross_encoder`; cross_encoder_train.py writes it, with its chosen
+# threshold in cross_encoder.json).
+BUNDLED_CROSS_ENCODER = _ARTIFACTS / "cross_encoder.onnx"
+# Chosen on the selection split with the bundled cross-encoder (artifacts/cross_encoder.json, policies/cache/MODEL_CARD.md).
+DEFAULT_MIN_PROBABILITY = 0.94
 
 
 class VerifySection(BaseModel):
@@ -92,17 +96,18 @@ class VerifySection(BaseModel):
     reverse_markers: list[str] = Field(default_factory=lambda: ["from"])
     opposite_pairs: list[_WordPair] = Field(default_factory=lambda: list(_OPPOSITE_PAIRS))
     verifier: str = Field(
-        "bundled", description="learned verifier: bundled, off, or the path of an .npz artifact (verifier_train.py)"
+        "cross_encoder",
+        description="bundled, cross_encoder, off, or the path of an artifact (.npz: verifier_train.py, .onnx: cross_encoder_train.py)",
     )
     min_probability: float = Field(
-        DEFAULT_MIN_PROBABILITY, ge=0.0, le=1.0, description="the verifier's calibrated probability a hit needs"
+        DEFAULT_MIN_PROBABILITY, ge=0.0, le=1.0, description="the cross-encoder's probability a hit needs"
     )
 
     @field_validator("verifier")
     @classmethod
     def _verifier_path(cls, value: str) -> str:
-        if value not in ("bundled", "off") and not Path(value).is_file():
-            raise ValueError(f"must be bundled, off, or the path of a verifier artifact; {value!r} is not a file")
+        if value not in ("bundled", "cross_encoder", "off") and not Path(value).is_file():
+            raise ValueError(f"must be bundled, cross_encoder, off, or the path of a verifier artifact; {value!r} is not a file")
         return value
 
     @field_validator("negation_words", "forward_markers", "reverse_markers", mode="before")
@@ -127,7 +132,9 @@ class VerifySection(BaseModel):
             opposite_pairs=tuple(
                 (frozenset(_forms(one.lower())), frozenset(_forms(other.lower()))) for one, other in self.opposite_pairs
             ),
-            verifier=None if self.verifier == "off" else str(BUNDLED_VERIFIER if self.verifier == "bundled" else self.verifier),
+            verifier=None if self.verifier == "off" else str(
+                {"bundled": BUNDLED_VERIFIER, "cross_encoder": BUNDLED_CROSS_ENCODER}.get(self.verifier, self.verifier)
+            ),
             min_probability=self.min_probability,
         )
         return dataclasses.replace(config, opposite_words=frozenset().union(*(x | y for x, y in config.opposite_pairs)))

@@ -1,9 +1,11 @@
-"""The learned verifier: artifact, features, policy keys, and the decision the gateway and the CLI share."""
+"""The cache verifiers (cross-encoder and embedding features): artifacts, scorer, gating, policy keys, shared decision."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,10 +14,17 @@ from pydantic import ValidationError
 
 from gateway.commands.cache import match_lines
 from policies.cache.config import CacheConfig
+from policies.cache.cross_encoder import ARTIFACTS, BUNDLED_CROSS_ENCODER, CrossEncoder, load_cross_encoder
 from policies.cache.faiss_index import FaissIndex
-from policies.cache.matcher import decide
-from policies.cache.verifier import BUNDLED, LEXICAL_NAMES, PairText, load_verifier, pair_vector
-from policies.cache.verify import VerifyConfig
+from policies.cache.matcher import decide, decide_many
+from policies.cache.verifier import BUNDLED as PREVIOUS
+from policies.cache.verifier import LEXICAL_NAMES, PairText, load_verifier, pair_vector
+from policies.cache.verify import BUNDLED_VERIFIER, VerifyConfig
+from policies.policy import Policy
+
+PARAPHRASE = ("How do I reset my password?", "How can I reset my password?")
+NEGATION = ("Why is the sky blue?", "Why isn't the sky blue?")
+ANTONYM = ("What is the best programming language for beginners?", "What is the worst programming language for beginners?")
 
 
 def _unit(seed: int) -> np.ndarray:
@@ -23,74 +32,125 @@ def _unit(seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def test_the_bundled_artifact_is_small_and_matches_the_feature_layout() -> None:
-    assert BUNDLED.is_file() and BUNDLED.stat().st_size < 2_000_000
-    model = load_verifier(str(BUNDLED))
-    assert model.inputs == 2 * 384 + len(LEXICAL_NAMES)
-    assert model.meta["format"] == 1 and "trained_on" in model.meta
+def _unloadable(cfg: VerifyConfig, tmp_path: Path) -> VerifyConfig:
+    """The config with a cross-encoder that fails if anything tries to load it."""
+    return dataclasses.replace(cfg, verifier=str(tmp_path / "absent.onnx"))
 
 
-def test_the_shipped_policy_uses_the_bundled_verifier() -> None:
-    config = CacheConfig.from_section({})
-    assert config.verify.verifier == str(BUNDLED)
-    assert 0.0 < config.verify.min_probability < 1.0
+def test_the_artifacts_are_small_and_the_policy_names_them() -> None:
+    assert BUNDLED_CROSS_ENCODER.is_file() and BUNDLED_CROSS_ENCODER.with_suffix(".json").is_file()
+    assert sum(p.stat().st_size for p in ARTIFACTS.iterdir()) <= 25 * 1024 * 1024
+    meta = json.loads(BUNDLED_CROSS_ENCODER.with_suffix(".json").read_text())
+    assert meta["format"] == 1 and "training" in meta and meta["selection"]["chosen"]["min_probability"] > 0
+    assert CacheConfig.from_section({}).verify.verifier == str(BUNDLED_CROSS_ENCODER)
+    assert VerifyConfig.from_policy({"verifier": "bundled"}).verifier == str(BUNDLED_VERIFIER)
+    assert VerifyConfig.from_policy({"verifier": "cross_encoder"}).verifier == str(BUNDLED_CROSS_ENCODER)
 
 
-def test_probability_is_symmetric_and_in_range() -> None:
-    cfg = VerifyConfig.from_policy({})
-    model = load_verifier(str(BUNDLED))
-    u, v = _unit(1), _unit(2)
-    a = PairText("How do I learn Python quickly?", cfg)
-    b = PairText("What is the fastest way to learn Python?", cfg)
-    p_ab = model.probability(pair_vector(u, v, a, b, cfg))
-    p_ba = model.probability(pair_vector(v, u, b, a, cfg))
-    assert 0.0 <= p_ab <= 1.0
-    assert p_ab == pytest.approx(p_ba, abs=1e-6)
+@pytest.fixture
+def encode(sentence_encoder: Any) -> Any:
+    """The gateway's sentence encoder: the vectors a lookup has for the query and its candidates."""
+    return lambda *texts: np.asarray(sentence_encoder.encode(list(texts)))
 
 
-def test_question_word_number_and_negation_features() -> None:
-    cfg = VerifyConfig.from_policy({})
-    names = list(LEXICAL_NAMES)
-    x = pair_vector(_unit(3), _unit(3), PairText("When did Rome fall?", cfg), PairText("Where did Rome fall?", cfg), cfg)
-    lexical = dict(zip(names, x[768:].tolist()))
-    assert lexical["question_word_mismatch"] == 1.0 and lexical["cosine"] == pytest.approx(1.0, abs=1e-5)
-    x = pair_vector(_unit(3), _unit(4), PairText("Is 5 km far?", cfg), PairText("Is 50 km not far?", cfg), cfg)
-    lexical = dict(zip(names, x[768:].tolist()))
-    assert lexical["numbers_mismatch"] == 1.0 and lexical["negation_diff"] == 1.0
+@pytest.mark.slow
+def test_the_cross_encoder_reads_a_paraphrase_above_a_negation_and_an_antonym() -> None:
+    encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
+    paraphrase, negation, antonym = encoder.logits([PARAPHRASE, NEGATION, ANTONYM]).tolist()
+    assert paraphrase > negation and paraphrase > antonym
+    # Scored alone (no padding) close to the batch: int8 dynamic quantisation scales activations
+    # per call, so a batch's range moves the figure a little.
+    alone = encoder.logits([PARAPHRASE])[0]
+    assert alone == pytest.approx(paraphrase, abs=0.3)
 
 
-def test_decide_needs_both_vectors_when_a_verifier_is_on() -> None:
-    cfg = VerifyConfig.from_policy({})
-    d = decide(0.95, "How do I reset my password?", "How can I reset my password?", threshold=0.82, checks=cfg)
-    assert not d.hit and d.reason == "no_vector"
-    off = VerifyConfig.from_policy({"verifier": "off"})
-    d = decide(0.95, "How do I reset my password?", "How can I reset my password?", threshold=0.82, checks=off)
-    assert d.hit and d.probability is None
+@pytest.mark.slow
+def test_a_pair_too_long_to_read_whole_is_not_scored() -> None:
+    encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
+    long_text = "tell me about the history of the city " * 20
+    probabilities = encoder.probabilities([(long_text, long_text), PARAPHRASE], [1.0, 0.9], [0.99, 0.9])
+    assert probabilities[0] == 0.0 and probabilities[1] > 0.0
+    assert encoder.pairs == 1  # only the pair that fits went to the graph
 
 
-def test_decide_below_threshold_and_vetoes_come_first() -> None:
-    cfg = VerifyConfig.from_policy({})
-    u = _unit(5)
-    d = decide(0.5, "a", "b", threshold=0.82, checks=cfg, query_vector=u, candidate_vector=u)
-    assert (d.hit, d.reason) == (False, "threshold")
-    d = decide(0.99, "What is 5 percent of 200?", "What is 6 percent of 200?", threshold=0.82, checks=cfg,
-               query_vector=u, candidate_vector=u)  # fmt: skip
-    assert (d.hit, d.reason) == (False, "numbers")
+@pytest.mark.slow
+def test_the_blend_reads_the_cross_encoder_and_the_embedding_feature_verifier() -> None:
+    encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
+    blend = encoder.meta["blend"]
+    # Fitted on the selection split: both readers carry weight.
+    assert blend["logit"] > 0 and blend["previous"] > 0 and encoder.previous_verifier == PREVIOUS
+    low, high = encoder.probabilities([PARAPHRASE, PARAPHRASE], [0.9, 0.9], [0.2, 0.99]).tolist()
+    assert low < high
+    with pytest.raises(ValueError, match="cosine"):
+        encoder.probabilities([PARAPHRASE])
+    with pytest.raises(ValueError, match="previous"):
+        encoder.probabilities([PARAPHRASE], [0.9])
 
 
-def test_min_probability_decides() -> None:
-    u = _unit(6)
-    texts = ("How do I reset my password?", "How do I reset my password")
-    never = VerifyConfig.from_policy({"min_probability": 1.0})
-    always = VerifyConfig.from_policy({"min_probability": 0.0})
-    assert decide(1.0, *texts, threshold=0.82, checks=always, query_vector=u, candidate_vector=u).hit
-    d = decide(1.0, *texts, threshold=0.82, checks=never, query_vector=u, candidate_vector=u)
+def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) -> None:
+    cfg = _unloadable(VerifyConfig.from_policy({}), tmp_path)
+    decisions = decide_many(
+        "What is 5 percent of 200?",
+        [(0.5, "What is 5 percent of 300?", None), (0.99, "What is 6 percent of 200?", None)],
+        threshold=0.8,
+        checks=cfg,
+    )
+    assert [(d.hit, d.reason, d.probability) for d in decisions] == [(False, "threshold", None), (False, "numbers", None)]
+    assert decide_many("anything", [], threshold=0.8, checks=cfg) == []
+
+
+@pytest.mark.slow
+def test_the_candidates_left_are_scored_in_one_call(encode: Any) -> None:
+    cfg = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 0.0})
+    encoder = load_cross_encoder(str(BUNDLED_CROSS_ENCODER))
+    texts = [PARAPHRASE[1], "What is the capital of France?", "How do I reset my pass word?"]
+    q, *vectors = encode(PARAPHRASE[0], *texts)
+    before = (encoder.calls, encoder.pairs)
+    decisions = decide_many(
+        PARAPHRASE[0],
+        [(0.95, texts[0], vectors[0]), (0.3, texts[1], vectors[1]), (0.9, texts[2], vectors[2])],
+        threshold=0.8,
+        checks=cfg,
+        query_vector=q,
+    )
+    assert (encoder.calls, encoder.pairs) == (before[0] + 1, before[1] + 2)
+    assert [d.hit for d in decisions] == [True, False, True]
+    assert decisions[1].reason == "threshold" and decisions[0].probability is not None
+    # Without the vectors the blend's embedding-feature part cannot run: a miss, and no call.
+    d = decide_many(PARAPHRASE[0], [(0.95, texts[0], None)], threshold=0.8, checks=cfg, query_vector=q)[0]
+    assert (d.hit, d.reason) == (False, "no_vector") and encoder.calls == before[0] + 1
+
+
+@pytest.mark.slow
+def test_min_probability_decides(encode: Any) -> None:
+    never = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 1.0})
+    always = VerifyConfig.from_policy({"verifier": "cross_encoder", "min_probability": 0.0})
+    u, v = encode(*PARAPHRASE)
+    assert decide(1.0, *PARAPHRASE, threshold=0.8, checks=always, query_vector=u, candidate_vector=v).hit
+    d = decide(1.0, *PARAPHRASE, threshold=0.8, checks=never, query_vector=u, candidate_vector=v)
     assert not d.hit and d.reason == "verifier" and d.probability is not None
+
+
+@pytest.mark.slow
+def test_the_shipped_setting_serves_a_rewrite_and_not_a_negation(encode: Any) -> None:
+    shipped = CacheConfig.from_section(Policy.load().resolve("cache"))
+    for (a, b), served in ((PARAPHRASE, True), (("How do I enable dark mode?", "How do I not enable dark mode?"), False),
+                           (ANTONYM, False)):  # fmt: skip
+        u, v = encode(a, b)
+        d = decide(float(u @ v), a, b, threshold=shipped.threshold, checks=shipped.verify, query_vector=u, candidate_vector=v)
+        assert d.hit is served, (a, b, d)
+
+
+def test_with_the_verifier_off_the_vetoes_decide() -> None:
+    off = VerifyConfig.from_policy({"verifier": "off"})
+    d = decide(0.95, *PARAPHRASE, threshold=0.82, checks=off)
+    assert d.hit and d.probability is None
+    assert decide(0.95, "How do I enable it?", "How do I not enable it?", threshold=0.82, checks=off).reason == "negation"
 
 
 @pytest.mark.parametrize(
     ("section", "message"),
-    [({"verifier": "/no/such/file.npz"}, "verifier"), ({"min_probability": 1.5}, "min_probability")],
+    [({"verifier": "/no/such/file.onnx"}, "verifier"), ({"min_probability": 1.5}, "min_probability")],
 )
 def test_bad_verifier_keys_fail_at_start_up(section: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
@@ -105,6 +165,26 @@ def test_the_index_returns_each_candidate_vector() -> None:
     assert set(found) == {11, 12}
     vector = found[12].vector
     assert vector is not None and np.allclose(vector, vectors[1])
+
+
+def test_the_embedding_feature_verifier_needs_both_vectors() -> None:
+    cfg = VerifyConfig.from_policy({})
+    d = decide(0.95, *PARAPHRASE, threshold=0.82, checks=cfg)
+    assert not d.hit and d.reason == "no_vector"
+    u = _unit(9)
+    d = decide(0.95, *PARAPHRASE, threshold=0.82, checks=cfg, query_vector=u, candidate_vector=u)
+    assert d.probability is not None and d.reason in (None, "verifier")
+
+
+def test_the_embedding_feature_verifier_is_symmetric() -> None:
+    cfg = VerifyConfig.from_policy({})
+    model = load_verifier(str(PREVIOUS))
+    assert model.inputs == 2 * 384 + len(LEXICAL_NAMES)
+    u, v = _unit(1), _unit(2)
+    a, b = PairText(PARAPHRASE[0], cfg), PairText(PARAPHRASE[1], cfg)
+    p_ab = model.probability(pair_vector(u, v, a, b, cfg))
+    assert 0.0 <= p_ab <= 1.0
+    assert p_ab == pytest.approx(model.probability(pair_vector(v, u, b, a, cfg)), abs=1e-6)
 
 
 @pytest.mark.slow
@@ -123,3 +203,13 @@ def test_cache_match_reports_the_gateway_decision(sentence_encoder: Any) -> None
     assert rows[0]["hit"] is (rows[0]["probability"] >= round(config.verify.min_probability, 4))
     assert rows[1]["hit"] is False and rows[1]["reason"] == "threshold"
     assert "error" in rows[2]
+
+
+def test_the_shipped_policy_runs_the_setting_chosen_with_the_artifact() -> None:
+    """Gate, vetoes and threshold were chosen together on the selection split; a retrained
+    artifact whose choice moved must move the shipped policy with it."""
+    chosen = json.loads(BUNDLED_CROSS_ENCODER.with_suffix(".json").read_text())["selection"]["chosen"]
+    shipped = CacheConfig.from_section(Policy.load().resolve("cache"))
+    assert shipped.verify.verifier == str(BUNDLED_CROSS_ENCODER)
+    assert shipped.threshold == pytest.approx(chosen["gate"]) and shipped.verify.min_probability == pytest.approx(chosen["min_probability"])
+    assert chosen["vetoes"] and shipped.verify.numbers and shipped.verify.negation and shipped.verify.entities

@@ -56,7 +56,7 @@ def test_a_resolved_cache_override_is_applied() -> None:
     acme = CacheConfig.from_section(policy.resolve("cache", tenant="acme"))
     other = CacheConfig.from_section(policy.resolve("cache", tenant="other"))
     assert (acme.threshold, acme.verify.numbers, acme.verify.entities) == (0.9, False, True)
-    assert (other.threshold, other.verify.numbers) == (0.82, True)
+    assert (other.threshold, other.verify.numbers) == (0.80, True)
 
 
 @pytest.mark.parametrize(

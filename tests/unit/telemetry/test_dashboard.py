@@ -303,7 +303,8 @@ def test_an_old_ledger_file_is_migrated_and_its_rollups_caught_up(tmp_path: Path
     ledger = seed(tmp_path, ROWS[6:])  # opens the old file: columns added, old rows rolled up
     try:
         columns = {r[1]: r for r in ledger.read("PRAGMA table_info(requests)")}
-        for name in ("route_reason", "confidence", "escalated", "edge_tokens", "escalation_reason", "cache_similarity", "trace_id"):
+        for name in ("route_reason", "confidence", "escalated", "edge_tokens", "escalation_reason", "cache_similarity", "trace_id",
+                     "cache_score"):
             assert name in columns
         [old_row] = ledger.read("SELECT escalated, edge_tokens, confidence FROM requests WHERE request_id = 'r2'")
         assert (old_row[0], old_row[1], old_row[2]) == (0, 0, None)  # the defaults fill the old rows
@@ -429,6 +430,7 @@ async def test_metering_fills_the_dashboard_columns(make_telemetry: TelemetryFac
     escalated.headers = {"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}
     served = make_ctx(request_id="edge", lane="edge", edge_check=EdgeCheck(confidence=0.93, threshold=0.6, passed=True))
     hit = make_ctx(request_id="hit", lane="cache", cache_status="hit", cache_similarity=0.97)
+    hit.attributes["tierlane.cache.score"] = 0.991  # the verifier's probability the hit was served at
     for ctx in (escalated, served, hit):
         ctx.usage = Usage(input_tokens=10, output_tokens=5)
         await h.telemetry.meter(ctx, Outcome(status=200, response=None, complete=True))
@@ -440,3 +442,4 @@ async def test_metering_fills_the_dashboard_columns(make_telemetry: TelemetryFac
     assert esc["trace_id"] == trace
     assert (rows["edge"]["escalated"], rows["edge"]["confidence"], rows["edge"]["escalation_reason"]) == (0, 0.93, None)
     assert rows["hit"]["cache_similarity"] == 0.97 and rows["hit"]["confidence"] is None and rows["hit"]["edge_tokens"] == 0
+    assert rows["hit"]["cache_score"] == 0.991 and rows["edge"]["cache_score"] is None
