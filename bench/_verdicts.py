@@ -379,6 +379,41 @@ def _tiers(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _demo(d: dict[str, Any]) -> list[Record]:
+    """The edge on the demo's workload as shipped, beside the same workload with its learnt gate off and
+    with the edge off; then the tiers workload's figures (a sample of bench/tiers.py's held-out rows)."""
+    runs = d.get("edge_runs") or {}
+    shipped, before = runs.get("shipped") or {}, runs.get("learning_off") or {}
+    out: list[Record] = []
+    if shipped and before:
+        def counts(run: dict[str, Any], part: str) -> str:
+            e = run["edge"][part]
+            return f"{e['escalated']}/{e['attempts']} escalated"
+
+        attempts = shipped["edge"]["all"]["attempts"]
+        out.append(target("edge_net_saving_usd", shipped["edge_net_saving_usd"], ">=", 0, n=attempts, n_of="edge attempts",
+                          note=f"learning off: {before['edge_net_saving_usd']} USD, {counts(before, 'all')}"))
+        after = shipped["edge"]["after_first"]
+        out.append(rate(f"escalated_share_after_first_{shipped['edge']['after']}", after["escalated"], after["attempts"], "<=", 0.25,
+                        n_of="edge attempts", note=f"learning off: {counts(before, 'after_first')}"))
+        ratios = d.get("edge_comparison") or {}
+        ttft = (shipped.get("upstream_ttft_ms") or {}).get("n")
+        out.append(target("upstream_ttft_p50_vs_edge_off", (ratios.get("shipped") or {}).get("upstream_ttft_p50_vs_edge_off"),
+                          "<=", 1.10, n=ttft, n_of="upstream-served streams",
+                          note=f"learning off: {(ratios.get('learning_off') or {}).get('upstream_ttft_p50_vs_edge_off')}"))
+        kept, kept_before = shipped["edge"]["all"]["kept_accuracy"], before["edge"]["all"]["kept_accuracy"]
+        if kept["accuracy"] is None or kept_before["accuracy"] is None:
+            out.append(not_exercised("edge_kept_accuracy_minus_learning_off", ">=", 0,
+                                     f"checked answers kept on the edge: {kept['checked']} shipped, {kept_before['checked']} learning off"))
+        else:
+            out.append(target("edge_kept_accuracy_minus_learning_off", round(kept["accuracy"] - kept_before["accuracy"], 4), ">=", 0,
+                              n=kept["checked"], n_of="checked answers kept on the edge",
+                              note=f"{kept['correct']}/{kept['checked']} shipped, {kept_before['correct']}/{kept_before['checked']} learning off"))
+    if d.get("tiers"):
+        out += [{**r, "figure": f"tiers_sample_{r['figure']}"} for r in _tiers(d["tiers"])]
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
@@ -386,6 +421,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,
+    "demo": _demo,
     "edge_decode": _edge_decode,
     "edge_engine": _edge_engine,
     "edge_quality": _edge_quality,

@@ -169,6 +169,7 @@ def build_report(
             "escalated": sum(1 for r in results if r.escalated),
         },
         "edge": edge_attempts(results),
+        "route_reasons": dict(sorted(Counter(r.route_reason or "-" for r in ok).items())),
         "lanes": {lane: _lane_block(group, len(results)) for lane, group in sorted(by_lane.items())},
         "kinds": kinds,
         "cost": cost,
