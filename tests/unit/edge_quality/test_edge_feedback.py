@@ -96,3 +96,18 @@ def test_memory_and_keys_are_bounded() -> None:
     for i in range(300):
         fb.record((f"t{i}", "a"), vec(0), escalated=False, saving=1.0, settings=small)
     assert fb.state(KEY) is None  # the least recently used tenant/app was forgotten
+
+
+def test_an_escalation_while_losing_holds_off_prompts_no_likelier_than_it_at_once() -> None:
+    fb = EdgeFeedback()
+    fb.record(KEY, vec(10), escalated=True, saving=-0.01, settings=SETTINGS, prior=0.7, threshold=0.5)
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.25) < 1e-9  # 0.7 - 0.5 + step, not one step
+    assert fb.gate(KEY, vec(3), 0.74, 0.5, SETTINGS).reason == "calibration_net_saving"
+    assert fb.gate(KEY, vec(3), 0.76, 0.5, SETTINGS).try_edge
+    fb.record(KEY, vec(11), escalated=True, saving=-0.01, settings=SETTINGS, prior=0.55, threshold=0.5)
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.3) < 1e-9  # a less likely one: one step more
+    kept = EdgeFeedback()
+    kept.record(KEY, vec(10), escalated=False, saving=0.01, settings=SETTINGS, prior=0.7, threshold=0.5)
+    assert kept.gate(KEY, vec(3), 0.51, 0.5, SETTINGS).try_edge  # a kept answer does not tighten
