@@ -311,7 +311,8 @@ def main() -> int:
         after = run["edge"]["after_first"]
         print(f"  {name:<13} edge saving ${run['edge_net_saving_usd']:.7f}  attempts {run['edge']['all']['attempts']} "
               f"(after 50: {after['attempts']}, escalated {after['escalated']}, kept {after['kept']})  "
-              f"upstream TTFB p50 {(run['upstream_ttft_ms'] or {}).get('p50')} ms")
+              f"upstream TTFB p50 {(run['upstream_ttft_ms'] or {}).get('p50')} ms (escalated "
+              f"{run['edge']['upstream_ttft_ms']['escalated']['p50']} ms)")
     report["edge_runs"] = runs
     report["edge_comparison"] = compare(runs)
     args.out.mkdir(parents=True, exist_ok=True)

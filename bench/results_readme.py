@@ -277,11 +277,13 @@ def render_demo(data: dict[str, Any]) -> list[str]:
                          f"{kept['correct']}/{kept['checked']}" if kept["checked"] else "-",
                          (run.get("upstream_ttft_ms") or {}).get("p50"),
                          (ratios.get(name) or {}).get("upstream_ttft_p50_vs_edge_off", "-" if name == "edge_off" else None),
+                         f"{_num(edge['upstream_ttft_ms']['escalated']['p50'])} / {_num(edge['upstream_ttft_ms']['not_escalated']['p50'])}",
                          ", ".join(f"{k} {v}" for k, v in run["route_reasons"].items())])
         lines += ["", f"The edge, run by run on the same workload (escalated after the first {after} requests; "
                       "upstream TTFB: upstream-served streams):", ""]
         lines += _table(["run", "edge saving USD", "edge attempts", "escalated", f"escalated after {after}",
-                         "kept and checked right", "upstream TTFB p50 ms", "vs edge off", "route reasons"], rows)
+                         "kept and checked right", "upstream TTFB p50 ms", "vs edge off",
+                         "TTFB p50 escalated / not", "route reasons"], rows)
     tiers = data.get("tiers") or {}
     if tiers:
         sample = (tiers.get("setup") or {}).get("sample") or {}

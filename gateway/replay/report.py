@@ -82,7 +82,11 @@ def edge_attempts(results: Sequence[RequestResult], after: int = 50) -> dict[str
                 "escalated_share": round(escalated / attempts, 4) if attempts else None,
                 "kept_accuracy": accuracy(kept)}
 
-    return {"all": block(results), "after": after, "after_first": block([r for r in results if r.index >= after])}
+    upstream = [(r.ttft_s, r.escalated) for r in results if r.ok and r.lane == "upstream" and r.ttft_s is not None]
+    return {"all": block(results), "after": after, "after_first": block([r for r in results if r.index >= after]),
+            # what a failed attempt costs in time to first byte, beside the upstream's answers that tried nothing
+            "upstream_ttft_ms": {"escalated": distribution_ms([t for t, e in upstream if e]),
+                                 "not_escalated": distribution_ms([t for t, e in upstream if not e])}}
 
 
 def cache_hit_rate(results: Sequence[RequestResult]) -> float | None:
