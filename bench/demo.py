@@ -224,6 +224,8 @@ def main() -> int:
     parser.add_argument("--upstream-threads", type=int, default=1)
     parser.add_argument("--upstream-url", help="use this running OpenAI-compatible upstream (.../v1) instead of starting one")
     parser.add_argument("--no-compare", action="store_true", help="the shipped run only (no edge-off and learning-off runs)")
+    parser.add_argument("--runs", default=",".join(name for name, _, _ in EDGE_RUNS),
+                        help="the edge runs to make, comma-separated, of: " + ", ".join(name for name, _, _ in EDGE_RUNS))
     parser.add_argument("--tiers-mmlu", type=int, default=600, help="held-out MMLU rows sampled for the tiers workload (0: all)")
     parser.add_argument("--tiers-seed", type=int, default=0)
     parser.add_argument("--no-tiers", action="store_true", help="skip the tiers workload")
@@ -247,7 +249,8 @@ def main() -> int:
     workload = tmp / "workload.jsonl"
     write_workload(workload, records)
     print(f"workload: {len(records)} requests in {workload}")
-    plan = [run for run in EDGE_RUNS if run[0] == "shipped" or not args.no_compare]
+    wanted = {"shipped"} if args.no_compare else {name.strip() for name in args.runs.split(",")} | {"shipped"}
+    plan = [run for run in EDGE_RUNS if run[0] in wanted]
     runs: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {}
     upstream = None
