@@ -414,6 +414,11 @@ def _demo(d: dict[str, Any]) -> list[Record]:
             out.append(target("edge_kept_accuracy_minus_learning_off", round(kept["accuracy"] - kept_before["accuracy"], 4), ">=", 0,
                               n=kept["checked"], n_of="checked answers kept on the edge",
                               note=f"{kept['correct']}/{kept['checked']} shipped, {kept_before['correct']}/{kept_before['checked']} learning off"))
+    else:
+        why = "no edge runs side by side in this file (bench/demo.py --runs)"
+        out += [not_exercised("edge_net_saving_usd", ">=", 0, why),
+                not_exercised("escalated_share_after_first_50", "<=", 0.25, why),
+                not_exercised("upstream_ttft_p50_vs_edge_off", "<=", 1.10, why)]
     if d.get("tiers"):
         out += [{**r, "figure": f"tiers_sample_{r['figure']}"} for r in _tiers(d["tiers"])]
     return out

@@ -277,7 +277,7 @@ def render_demo(data: dict[str, Any]) -> list[str]:
                          f"{kept['correct']}/{kept['checked']}" if kept["checked"] else "-",
                          (run.get("upstream_ttft_ms") or {}).get("p50"),
                          (ratios.get(name) or {}).get("upstream_ttft_p50_vs_edge_off", "-" if name == "edge_off" else None),
-                         f"{_num(edge['upstream_ttft_ms']['escalated']['p50'])} / {_num(edge['upstream_ttft_ms']['not_escalated']['p50'])}",
+                         " / ".join(_num(((edge.get("upstream_ttft_ms") or {}).get(k) or {}).get("p50")) for k in ("escalated", "not_escalated")),
                          ", ".join(f"{k} {v}" for k, v in run["route_reasons"].items())])
         lines += ["", f"The edge, run by run on the same workload (escalated after the first {after} requests; "
                       "upstream TTFB: upstream-served streams):", ""]
