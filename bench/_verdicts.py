@@ -393,9 +393,9 @@ def _demo(d: dict[str, Any]) -> list[Record]:
             return f"learning off: {e['escalated']}/{e['attempts']} escalated"
 
         attempts = shipped["edge"]["all"]["attempts"]
-        saving_before = f"learning off: {before['edge_net_saving_usd']} USD, " if before else ""
+        note = counts(before, "all").replace("learning off: ", f"learning off: {before['edge_net_saving_usd']} USD, ") if before else counts(None, "all")
         out.append(target("edge_net_saving_usd", shipped["edge_net_saving_usd"], ">=", 0, n=attempts, n_of="edge attempts",
-                          note=saving_before + counts(before, "all")))
+                          note=note))
         after = shipped["edge"]["after_first"]
         out.append(rate(f"escalated_share_after_first_{shipped['edge']['after']}", after["escalated"], after["attempts"], "<=", 0.25,
                         n_of="edge attempts", note=counts(before, "after_first")))
