@@ -405,6 +405,55 @@ def _tiers(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _demo(d: dict[str, Any]) -> list[Record]:
+    """The edge on the demo's workload as shipped, beside the same workload with its learnt gate off and
+    with the edge off; then the tiers workload's figures (a sample of bench/tiers.py's held-out rows)."""
+    runs = d.get("edge_runs") or {}
+    shipped, before = runs.get("shipped") or {}, runs.get("learning_off")
+    out: list[Record] = []
+    if shipped and len(runs) > 1:
+        def counts(run: dict[str, Any] | None, part: str) -> str:
+            if run is None:
+                return "no learning-off run in this file"
+            e = run["edge"][part]
+            return f"learning off: {e['escalated']}/{e['attempts']} escalated"
+
+        attempts = shipped["edge"]["all"]["attempts"]
+        note = counts(before, "all").replace("learning off: ", f"learning off: {before['edge_net_saving_usd']} USD, ") if before else counts(None, "all")
+        out.append(target("edge_net_saving_usd", shipped["edge_net_saving_usd"], ">=", 0, n=attempts, n_of="edge attempts",
+                          note=note))
+        after = shipped["edge"]["after_first"]
+        out.append(rate(f"escalated_share_after_first_{shipped['edge']['after']}", after["escalated"], after["attempts"], "<=", 0.25,
+                        n_of="edge attempts", note=counts(before, "after_first")))
+        ratios = d.get("edge_comparison") or {}
+        ttft = min(int((run.get("upstream_ttft_ms") or {}).get("n") or 0) for run in runs.values())
+        if ttft < 10:  # a stream's first byte is its first text: empty answers give none
+            out.append(not_exercised("upstream_ttft_p50_vs_edge_off", "<=", 1.10,
+                                     f"{ttft} upstream-served stream(s) with text in a run", n=ttft, n_of="upstream-served streams"))
+        else:
+            out.append(target("upstream_ttft_p50_vs_edge_off", (ratios.get("shipped") or {}).get("upstream_ttft_p50_vs_edge_off"),
+                              "<=", 1.10, n=ttft, n_of="upstream-served streams",
+                              note=f"learning off: {(ratios.get('learning_off') or {}).get('upstream_ttft_p50_vs_edge_off')}"))
+        kept = shipped["edge"]["all"]["kept_accuracy"]
+        kept_before = before["edge"]["all"]["kept_accuracy"] if before else {"checked": 0, "correct": 0, "accuracy": None}
+        if kept["accuracy"] is None or kept_before["accuracy"] is None:
+            out.append(not_exercised("edge_kept_accuracy_minus_learning_off", ">=", 0,
+                                     f"checked answers kept on the edge: {kept['checked']} shipped, "
+                                     + (f"{kept_before['checked']} learning off" if before else "no learning-off run")))
+        else:
+            out.append(target("edge_kept_accuracy_minus_learning_off", round(kept["accuracy"] - kept_before["accuracy"], 4), ">=", 0,
+                              n=kept["checked"], n_of="checked answers kept on the edge",
+                              note=f"{kept['correct']}/{kept['checked']} shipped, {kept_before['correct']}/{kept_before['checked']} learning off"))
+    else:
+        why = "no edge runs side by side in this file (bench/demo.py --runs)"
+        out += [not_exercised("edge_net_saving_usd", ">=", 0, why),
+                not_exercised("escalated_share_after_first_50", "<=", 0.25, why),
+                not_exercised("upstream_ttft_p50_vs_edge_off", "<=", 1.10, why)]
+    if d.get("tiers"):
+        out += [{**r, "figure": f"tiers_sample_{r['figure']}"} for r in _tiers(d["tiers"])]
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
@@ -413,6 +462,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,
     "dashboard": _dashboard,
+    "demo": _demo,
     "edge_decode": _edge_decode,
     "edge_engine": _edge_engine,
     "edge_quality": _edge_quality,

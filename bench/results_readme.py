@@ -284,6 +284,46 @@ def render_replay(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_demo(data: dict[str, Any]) -> list[str]:
+    """The shipped replay, the edge runs side by side, then the tiers workload at the shipped target."""
+    lines = render_replay(data)
+    runs = data.get("edge_runs") or {}
+    if runs:
+        after = next(iter(runs.values()))["edge"]["after"]
+        ratios = data.get("edge_comparison") or {}
+        rows = []
+        for name, run in runs.items():
+            edge = run["edge"]
+            kept = edge["all"]["kept_accuracy"]
+            rows.append([name, run["edge_net_saving_usd"], edge["all"]["attempts"], edge["all"]["escalated"],
+                         f"{edge['after_first']['escalated']}/{edge['after_first']['attempts']}",
+                         f"{kept['correct']}/{kept['checked']}" if kept["checked"] else "-",
+                         (run.get("upstream_ttft_ms") or {}).get("p50"),
+                         (ratios.get(name) or {}).get("upstream_ttft_p50_vs_edge_off", "-" if name == "edge_off" else None),
+                         " / ".join(_num(((edge.get("upstream_ttft_ms") or {}).get(k) or {}).get("p50")) for k in ("escalated", "not_escalated")),
+                         ", ".join(f"{k} {v}" for k, v in run["route_reasons"].items())])
+        lines += ["", f"The edge, run by run on the same workload (escalated after the first {after} requests; "
+                      "upstream TTFB: upstream-served streams):", ""]
+        lines += _table(["run", "edge saving USD", "edge attempts", "escalated", f"escalated after {after}",
+                         "kept and checked right", "upstream TTFB p50 ms", "vs edge off",
+                         "TTFB p50 escalated / not", "route reasons"], rows)
+    tiers = data.get("tiers") or {}
+    if tiers:
+        sample = (tiers.get("setup") or {}).get("sample") or {}
+        rows = []
+        for source in ("mmlu", "alpaca"):
+            d = tiers.get(source) or {}
+            at = d.get("at_shipped_target") or {}
+            cost = (at.get("cost_vs_all_strong") or {}).get("per_token_cost_1_10") or {}
+            rows.append([source, d.get("rows"), at.get("strong_share"), at.get("served_quality_vs_all_strong"),
+                         at.get("random_quality_vs_all_strong"), cost.get("router"), cost.get("random")])
+        lines += ["", f"Tiers workload ({(tiers.get('setup') or {}).get('router_target')}; MMLU: {sample.get('mmlu_rows')} held-out "
+                      f"rows sampled with seed {sample.get('seed')}, AlpacaEval: all held-out rows; cost per token, cost tier 1/10):", ""]
+        lines += _table(["source", "rows", "strong share", "quality vs all-strong", "random, same share", "cost vs all-strong",
+                         "random cost"], rows)
+    return lines
+
+
 def render_edge_engine(data: dict[str, Any]) -> list[str]:
     rows = []
     for workload, body in data["workloads"].items():
@@ -661,7 +701,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
     "shared_state": render_shared_state,
-    "demo": render_replay,
+    "demo": render_demo,
     "edge_engine": render_edge_engine,
     "edge_kv_quality": render_edge_kv_quality,
     "edge_speculative": render_edge_speculative,

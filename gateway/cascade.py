@@ -122,7 +122,9 @@ class Cascade:
         if not tried or settings is None:
             return
         key = (ctx.principal.tenant, ctx.principal.app)
-        self.feedback.record(key, np.asarray(ctx.embedding, dtype=np.float32), check.escalated, saved_edge, settings)
+        threshold = self.prior_threshold(ctx) if ctx.edge_prior is not None else None
+        self.feedback.record(key, np.asarray(ctx.embedding, dtype=np.float32), check.escalated, saved_edge, settings,
+                             prior=ctx.edge_prior, threshold=threshold)
 
     def prior_threshold(self, ctx: RequestContext) -> float:
         return self._threshold("prior", self.rules(ctx).prior)

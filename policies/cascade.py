@@ -27,17 +27,17 @@ class CascadeTarget(StrictSection):
 
 
 class LearnSection(StrictSection):
-    """What the gate learns from the cascade's verdicts while running (policies/edge_feedback.py); opt-in."""
+    """What the gate learns from the cascade's verdicts while running (policies/edge_feedback.py)."""
 
-    enabled: bool = False
+    enabled: bool = True
     memory: int = Field(512, ge=1, le=65536)  # recent tried prompts remembered per tenant/app
     neighbours: int = Field(5, ge=0, le=64)  # nearest remembered prompts that vote (0: no vote)
     min_neighbours: int = Field(3, ge=1, le=64)  # close neighbours needed before the vote counts
     similarity: float = Field(0.85, ge=0.0, le=1.0)  # cosine at or above which a neighbour is close
     escalated_share: float = Field(0.6, ge=0.0, le=1.0)  # share of escalated neighbours that keeps a prompt off the edge
-    window: int = Field(50, ge=1, le=100000)  # edge attempts whose net saving the margin follows
+    window: int = Field(50, ge=1, le=100000)  # requests reaching the gate whose net saving the margin follows
     step: float = Field(0.05, ge=0.0, le=1.0)  # margin added to the prior threshold per verdict while it is negative
-    explore_every: int = Field(20, ge=0, le=100000)  # 1 in N requests held off by the margin still tries (0: none)
+    explore_every: int = Field(20, ge=0, le=100000)  # 1 in N held off by the margin still tries, while not negative (0: none)
 
 
 class CascadeSection(StrictSection):

@@ -70,6 +70,25 @@ def _lane_block(results: Sequence[RequestResult], total: int) -> dict[str, Any]:
     }
 
 
+def edge_attempts(results: Sequence[RequestResult], after: int = 50) -> dict[str, Any]:
+    """What the edge tried: answers it kept and answers the cascade escalated, in all and after the
+    first `after` requests of the workload (once the gate has had verdicts to learn from)."""
+
+    def block(group: Sequence[RequestResult]) -> dict[str, Any]:
+        kept = [r for r in group if r.ok and r.lane == "edge"]
+        escalated = sum(1 for r in group if r.escalated)
+        attempts = len(kept) + escalated
+        return {"attempts": attempts, "kept": len(kept), "escalated": escalated,
+                "escalated_share": round(escalated / attempts, 4) if attempts else None,
+                "kept_accuracy": accuracy(kept)}
+
+    upstream = [(r.ttft_s, r.escalated) for r in results if r.ok and r.lane == "upstream" and r.ttft_s is not None]
+    return {"all": block(results), "after": after, "after_first": block([r for r in results if r.index >= after]),
+            # what a failed attempt costs in time to first byte, beside the upstream's answers that tried nothing
+            "upstream_ttft_ms": {"escalated": distribution_ms([t for t, e in upstream if e]),
+                                 "not_escalated": distribution_ms([t for t, e in upstream if not e])}}
+
+
 def cache_hit_rate(results: Sequence[RequestResult]) -> float | None:
     """Hits over lookups, from `x-tierlane-cache` (or the cache lane); None when no lookup was reported."""
     hits = misses = 0
@@ -153,6 +172,8 @@ def build_report(
             "local_share": round(sum(1 for r in ok if r.lane in AVOIDING_LANES) / len(results), 4) if results else None,
             "escalated": sum(1 for r in results if r.escalated),
         },
+        "edge": edge_attempts(results),
+        "route_reasons": dict(sorted(Counter(r.route_reason or "-" for r in ok).items())),
         "lanes": {lane: _lane_block(group, len(results)) for lane, group in sorted(by_lane.items())},
         "kinds": kinds,
         "cost": cost,

@@ -157,7 +157,8 @@ def test_auto_requests_the_calibration_keeps_are_answered_either_way(make_gatewa
         r = ask(gw, content, stream=stream)
         assert r.status_code == 200, r.text
         lane = r.headers["x-tierlane-lane"]
-        assert re.search(r"reason=calibration_(edge|upstream)$", lane), lane
+        # the learnt gate is on by default: an escalated first answer may hold the second off the edge
+        assert re.search(r"reason=calibration_(edge|upstream|net_saving|history)$", lane), lane
         model = sse_text(r)[1] if stream else {r.json()["model"]}
         assert (model == {UPSTREAM_MODEL}) == lane.startswith("upstream")
 

@@ -57,12 +57,33 @@ def test_a_negative_net_saving_tightens_the_gate_until_it_is_not() -> None:
     assert fb.gate(KEY, vec(3), 0.65, 0.5, SETTINGS).try_edge
 
 
-def test_a_tight_gate_still_explores() -> None:
+def test_held_off_requests_age_the_losses_out_and_the_gate_loosens_again() -> None:
+    """The window counts requests, not attempts: a tight gate stops spending and recovers on its own."""
     fb = EdgeFeedback()
-    settings = FeedbackSettings(explore_every=3)
-    fb.record(KEY, vec(5), escalated=True, saving=-1.0, settings=settings)
-    tries = [fb.gate(KEY, vec(6), 0.52, 0.5, settings).try_edge for _ in range(6)]
-    assert tries == [False, False, True, False, False, True]
+    settings = FeedbackSettings(window=5, step=0.1, explore_every=0)
+    for i in range(2):
+        fb.record(KEY, vec(10 + i), escalated=True, saving=-0.01, settings=settings)
+    for _ in range(3):  # the losses are still in the window: held off, and the margin holds
+        assert fb.gate(KEY, vec(3), 0.6, 0.5, settings).reason == "calibration_net_saving"
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.2) < 1e-9 and state["net_saving"] < 0
+    decisions = [fb.gate(KEY, vec(3), 0.58, 0.5, settings) for _ in range(8)]
+    state = fb.state(KEY)
+    assert state is not None and state["net_saving"] == 0.0 and state["window"] == 5.0
+    # both losses aged out on the 2nd request; each held-off request since lowered the margin by step/4
+    # until 0.58 >= 0.5 + margin (a try leaves it: its verdict moves it)
+    assert [d.try_edge for d in decisions] == [False] * 6 + [True] * 2
+    assert abs(decisions[-1].margin - (0.2 - 5 * 0.025)) < 1e-9
+
+
+def test_a_tight_gate_explores_only_while_the_window_is_not_losing() -> None:
+    fb = EdgeFeedback()
+    settings = FeedbackSettings(window=4, step=0.5, explore_every=3)
+    fb.record(KEY, vec(5), escalated=True, saving=-1.0, settings=settings)  # margin 0.5: prior 0.52 is held off
+    tries = [fb.gate(KEY, vec(6), 0.52, 0.5, settings).try_edge for _ in range(9)]
+    # the loss leaves the window on the 3rd request (not an exploration: still losing then); the 6th and
+    # 9th explore (their verdicts would take their place in the window)
+    assert tries == [False, False, False, False, False, True, False, False, True]
 
 
 def test_memory_and_keys_are_bounded() -> None:
@@ -71,7 +92,22 @@ def test_memory_and_keys_are_bounded() -> None:
     for i in range(10):
         fb.record(KEY, vec(i), escalated=False, saving=1.0, settings=small)
     state = fb.state(KEY)
-    assert state is not None and (state["remembered"], state["attempts"]) == (4.0, 3.0)
+    assert state is not None and (state["remembered"], state["window"]) == (4.0, 3.0)
     for i in range(300):
         fb.record((f"t{i}", "a"), vec(0), escalated=False, saving=1.0, settings=small)
     assert fb.state(KEY) is None  # the least recently used tenant/app was forgotten
+
+
+def test_an_escalation_while_losing_holds_off_prompts_no_likelier_than_it_at_once() -> None:
+    fb = EdgeFeedback()
+    fb.record(KEY, vec(10), escalated=True, saving=-0.01, settings=SETTINGS, prior=0.7, threshold=0.5)
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.25) < 1e-9  # 0.7 - 0.5 + step, not one step
+    assert fb.gate(KEY, vec(3), 0.74, 0.5, SETTINGS).reason == "calibration_net_saving"
+    assert fb.gate(KEY, vec(3), 0.76, 0.5, SETTINGS).try_edge
+    fb.record(KEY, vec(11), escalated=True, saving=-0.01, settings=SETTINGS, prior=0.55, threshold=0.5)
+    state = fb.state(KEY)
+    assert state is not None and abs(state["margin"] - 0.3) < 1e-9  # a less likely one: one step more
+    kept = EdgeFeedback()
+    kept.record(KEY, vec(10), escalated=False, saving=0.01, settings=SETTINGS, prior=0.7, threshold=0.5)
+    assert kept.gate(KEY, vec(3), 0.51, 0.5, SETTINGS).try_edge  # a kept answer does not tighten

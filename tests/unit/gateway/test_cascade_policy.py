@@ -14,8 +14,10 @@ def policy(**cascade: object) -> CascadePolicy:
 
 def test_shipped_rules_and_overrides() -> None:
     p = policy(overrides=[{"match": {"tenant": "bank"}, "set": {"target": {"mode": "min_local_accuracy", "value": 0.97}}},
-                          {"match": {"tenant": "lab", "app": "x"}, "set": {"enabled": False}}])
+                          {"match": {"tenant": "lab", "app": "x"}, "set": {"enabled": False}},
+                          {"match": {"tenant": "lab"}, "set": {"learn": {"enabled": False}}}])
     assert p.rules("t", "a").target.value == 0.90
+    assert p.rules("t", "a").learn.enabled is True and p.rules("lab", "y").learn.enabled is False  # learning: on, off per tenant
     assert p.rules("bank", "a").target.value == 0.97
     assert p.rules("bank", "a").prior == p.rules("t", "a").prior
     assert p.rules("lab", "x").enabled is False and p.rules("lab", "y").enabled is True

@@ -141,3 +141,22 @@ def test_checkable_lines_are_validated_when_read(line: dict[str, Any], message: 
     raw = json.dumps({**line, "body": {"messages": [{"role": "user", "content": "q"}]}})
     with pytest.raises(WorkloadError, match=message):
         read_lines([raw])
+
+
+def test_edge_attempts_count_kept_and_escalated_answers_after_the_first_requests() -> None:
+    from gateway.replay.driver import RequestResult
+    from gateway.replay.report import edge_attempts
+
+    def result(index: int, lane: str, *, escalated: bool = False, correct: bool | None = None) -> RequestResult:
+        return RequestResult(index=index, kind=None, status=200, lane=lane, started_at=0.0, latency_s=1.0,
+                             ttft_s=0.9 if escalated else 0.1, escalated=escalated, correct=correct)
+
+    results = [result(0, "upstream", escalated=True), result(1, "edge", correct=True), result(2, "upstream"),
+               result(3, "upstream", escalated=True), result(4, "edge", correct=False), result(5, "cache")]
+    report = edge_attempts(results, after=2)
+    assert report["all"] == {"attempts": 4, "kept": 2, "escalated": 2, "escalated_share": 0.5,
+                             "kept_accuracy": {"checked": 2, "correct": 1, "accuracy": 0.5}}
+    assert (report["after_first"]["attempts"], report["after_first"]["escalated_share"]) == (2, 0.5)
+    ttft = report["upstream_ttft_ms"]  # upstream answers only: escalated ones beside those that tried nothing
+    assert (ttft["escalated"]["n"], ttft["escalated"]["p50"], ttft["not_escalated"]["n"], ttft["not_escalated"]["p50"]) == (2, 900.0, 1, 100.0)
+    assert edge_attempts([result(0, "upstream")])["all"]["escalated_share"] is None  # nothing tried

@@ -131,3 +131,23 @@ def test_verdicts_render_with_sample_size_interval_and_a_missed_target(tmp_path:
     assert "Against the targets: 1 met, 1 not met." in block
     assert "| throughput_ratio_at_64 | 0.425 | 3000 (requests) | – | >= 0.6 | no |" in block
     assert "| precision_stsb_test | 1 | 1 (served pairs) | 0.2065 to 1 | >= 0.97 | yes (the interval spans the target) |" in block
+
+
+def test_demo_targets_read_the_shipped_run_beside_learning_off_and_edge_off() -> None:
+    def run(saving: float, escalated: int, attempts: int, after: tuple[int, int], kept: tuple[int, int]) -> dict[str, Any]:
+        kept_accuracy = {"checked": kept[1], "correct": kept[0], "accuracy": kept[0] / kept[1] if kept[1] else None}
+        edge = {"all": {"attempts": attempts, "escalated": escalated, "kept_accuracy": kept_accuracy},
+                "after": 50, "after_first": {"escalated": after[0], "attempts": after[1]}}
+        return {"edge_net_saving_usd": saving, "edge": edge, "upstream_ttft_ms": {"n": 60, "p50": 1000.0}}
+
+    data = {"edge_runs": {"edge_off": run(0.0, 0, 0, (0, 0), (0, 0)), "learning_off": run(-1e-4, 150, 150, (110, 110), (0, 0)),
+                          "shipped": run(2e-6, 9, 12, (1, 4), (2, 3))},
+            "edge_comparison": {"learning_off": {"upstream_ttft_p50_vs_edge_off": 1.3}, "shipped": {"upstream_ttft_p50_vs_edge_off": 1.04}}}
+    records = {r["figure"]: r for r in builder_for("demo")(data)}
+    assert records["edge_net_saving_usd"]["met"] is True and "150/150 escalated" in records["edge_net_saving_usd"]["note"]
+    share = records["escalated_share_after_first_50"]
+    assert (share["value"], share["k"], share["n"], share["met"]) == (0.25, 1, 4, True)
+    assert records["upstream_ttft_p50_vs_edge_off"]["met"] is True
+    assert records["edge_kept_accuracy_minus_learning_off"]["met"] is None  # nothing kept without learning
+    alone = builder_for("demo")({"totals": {}})  # the shipped run alone: nothing to compare, no verdict
+    assert [r["met"] for r in alone] == [None] * 3 and all("not exercised" in r["status"] for r in alone)
