@@ -608,6 +608,36 @@ def render_generic(data: dict[str, Any]) -> list[str]:
     return _table(["figure", "value"], rows[:16])
 
 
+def render_static_embedding(data: dict[str, Any]) -> list[str]:
+    """Each reader's held-out figure with MiniLM and with the static embedding, and which one it reads."""
+    decision = data.get("decision") or {}
+    rows: list[list[Any]] = []
+    cost = data.get("cost")
+    if cost:
+        t, s = cost["transformer_ms_per_text"], cost["static_ms_per_text"]
+        rows.append(["cost", f"ms per text at batch 1, p50 ({t.get('backend')} / static)", t["p50"], s["p50"], "", ""])
+    for src, c in ((data.get("cache") or {}).get("sources") or {}).items():
+        reads = (decision.get("cache_candidate_search") or {}).get("reads", "")
+        rows.append(["cache search", f"{src}: recall of true partners, top-4 past the gate", c["minilm"]["recall_top4_past_gate"],
+                     c["static"]["recall_top4_past_gate"], round(c["static"]["recall_top4_past_gate"] - c["minilm"]["recall_top4_past_gate"], 4), reads])
+        rows.append(["cache search", f"{src}: AP of raw cosine", c["minilm"]["ap_cosine"], c["static"]["ap_cosine"],
+                     round(c["static"]["ap_cosine"] - c["minilm"]["ap_cosine"], 4), reads])
+    router = data.get("router")
+    if router:
+        for src in ("mmlu", "alpaca"):
+            t, s = router["transformer"][src]["apgr"], router["static"][src]["apgr"]
+            rows.append(["router", f"held-out APGR, {src}", t, s, round(s - t, 4), (decision.get("router") or {}).get("reads", "")])
+    edge = data.get("edge")
+    if edge:
+        t, s = edge["transformer"]["held_out_prior_auroc"], edge["static"]["held_out_prior_auroc"]
+        rows.append(["edge prior", "held-out AUROC", t, s, round(s - t, 4), (decision.get("edge_prior") or {}).get("reads", "")])
+    artifact = data.get("artifact") or {}
+    lines = [f"Static table: {artifact.get('vocabulary')} word pieces x {artifact.get('dimension')} dims, "
+             f"{_num(round((artifact.get('bytes') or 0) / 1e6, 2))} MB; a reader switches to it where its figure is within "
+             f"{_num(data.get('tolerance'))} of MiniLM's or better.", ""]
+    return lines + _table(["reader", "figure", "MiniLM", "static", "static - MiniLM", "reads"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_latency": render_cache_latency,
     "peers": render_peers,
@@ -625,6 +655,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "image": render_image,
     "tiers": render_tiers,
     "edge_escalation_ttfb": render_edge_escalation_ttfb,
+    "static_embedding": render_static_embedding,
 }
 
 

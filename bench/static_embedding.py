@@ -140,10 +140,11 @@ def part_cache(static: StaticEmbedding, embeddings: Path) -> dict[str, Any]:
         pos = y[test] == 1
         found_m, best_m = _search(test_pairs, slow, TOP_K)
         found_s, best_s = _search(test_pairs, fast, TOP_K)
-        found_s8, _ = _search(test_pairs, fast, 2 * TOP_K)
+        found_s8, _ = _search(test_pairs, fast, 2 * TOP_K)  # a wider static search, for what it recovers
         cm, cs = cos["minilm"][test], cos["static"][test]
         today = found_m & (cm >= threshold)
         two_stage = found_s & (cs >= gate) & (cm >= threshold)
+        two_stage8 = found_s8 & (cs >= gate) & (cm >= threshold)
         n_pos = int(pos.sum())
         queries = {p.a: (bm, bs) for p, bm, bs in zip(test_pairs, best_m, best_s)}
         out["sources"][src] = {
@@ -153,6 +154,7 @@ def part_cache(static: StaticEmbedding, embeddings: Path) -> dict[str, Any]:
                        "queries_past_gate_share": round(float(np.mean([bm >= threshold for bm, _ in queries.values()])), 4)},
             "static": {"recall_top4": round(float(found_s[pos].mean()), 4), "recall_top8": round(float(found_s8[pos].mean()), 4),
                        "recall_top4_past_gate": round(float(two_stage[pos].mean()), 4), "k_past_gate": int(two_stage[pos].sum()),
+                       "recall_top8_past_gate": round(float(two_stage8[pos].mean()), 4),
                        "ap_cosine": _ap(y[test], cs),
                        "queries_past_gate_share": round(float(np.mean([bs >= gate for _, bs in queries.values()])), 4)},
         }  # fmt: skip
@@ -210,16 +212,23 @@ def _edge_figures(manifest: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def part_edge(static: StaticEmbedding, records_cache: Path, threads: int) -> dict[str, Any]:
+def part_edge(static: StaticEmbedding, records_cache: Path, threads: int, limit: int | None) -> dict[str, Any]:
     from policies.artifact_dir import sha256_file
-    from policies.edge_quality.calibrate import CalibrationConfig, embed, embedding_texts, fit_and_report, resolve_model
+    from policies.edge_quality.calibrate import (
+        CalibrationConfig,
+        embed,
+        embedding_texts,
+        fit_and_report,
+        limit_probes,
+        resolve_model,
+    )
     from policies.edge_quality.probes import load_probes
     from policies.edge_quality.runner import run_probes
 
     shipped = json.loads((REPO / "policies" / "edge_quality" / "artifacts" / "manifest.json").read_text(encoding="utf-8"))
     model = resolve_model(None)
     sha = sha256_file(model)
-    probes = load_probes()
+    probes = limit_probes(load_probes(), limit)
     bar = tqdm(total=len(probes), desc="edge answers (probe set)", unit="probe")
     records = asyncio.run(run_probes(probes, model_path=model, model_sha256=sha, threads=threads, cache=records_cache,
                                      progress=bar.update))  # fmt: skip
@@ -264,6 +273,7 @@ def main() -> int:
     parser.add_argument("--router-only", default="", help="comma-separated router candidates (default: all, as shipped)")
     parser.add_argument("--edge-cache", type=Path, default=REPO / ".tierlane" / "cache" / "edge_quality" / "records.jsonl")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads for the edge answers")
+    parser.add_argument("--edge-limit", type=int, default=None, help="at most this many probes per split (a smoke run)")
     parser.add_argument("--cost-texts", type=int, default=300)
     parser.add_argument("--out", type=Path, default=RESULTS / "static_embedding.json")
     args = parser.parse_args()
@@ -298,7 +308,7 @@ def main() -> int:
         elif part == "router":
             result["router"] = part_router(static, data, [c for c in args.router_only.split(",") if c])
         elif part == "edge":
-            result["edge"] = part_edge(static, args.edge_cache, args.threads)
+            result["edge"] = part_edge(static, args.edge_cache, args.threads, args.edge_limit)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result["decision"] = decisions(result)
         result["verdicts"] = verdicts("static_embedding", result)
