@@ -390,12 +390,12 @@ def _static_embedding(d: dict[str, Any]) -> list[Record]:
                               ">=", -tol, n=n if key.startswith("recall") else s.get("test_pairs"),
                               n_of="test positives" if key.startswith("recall") else "test pairs",
                               note=f"MiniLM {s['minilm'][key]}, static {s['static'][key]}"))
-    router = d.get("router")
-    if router:
-        for src in ("mmlu", "alpaca"):
-            t, s = router["transformer"][src], router["static"][src]
-            out.append(target(f"router held-out APGR {src}, static - MiniLM", round(s["apgr"] - t["apgr"], 4), ">=", -tol,
-                              n=s.get("rows"), n_of="held-out rows", note=f"MiniLM {t['apgr']}, static {s['apgr']}"))
+    router = d.get("router") or {}
+    for run, label in (("static", "whole selection"), ("static_same_candidate", "shipped candidate")):
+        for src in ("mmlu", "alpaca") if run in router else ():
+            t, s = router["transformer"][src], router[run][src]
+            out.append(target(f"router held-out APGR {src}, static ({label}) - MiniLM", round(s["apgr"] - t["apgr"], 4), ">=", -tol,
+                              n=s.get("rows"), n_of="held-out rows", note=f"MiniLM {t['apgr']}, static {s['apgr']} ({router[run]['model']})"))
     edge = d.get("edge")
     if edge:
         t, s = edge["transformer"]["held_out_prior_auroc"], edge["static"]["held_out_prior_auroc"]
