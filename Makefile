@@ -16,7 +16,7 @@ LLAMA_REBUILD ?=
 export CMAKE_ARGS
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint router-model edge-calibration cache-verifier bench demo image image-test clean
+.PHONY: install run test lint router-model edge-calibration cache-verifier static-embedding bench demo image image-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ edge-calibration: $(STAMP)
 # The semantic cache's learned verifier (policies/cache/MODEL_CARD.md); reads ../shared/data/cache.
 cache-verifier: $(STAMP)
 	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.cross_encoder_train
+
+# The static embedding (policies/static_embedding): model2vec distils it from the bundled MiniLM,
+# offline, in about a minute; the `distill` extra brings model2vec (serving needs none of it).
+static-embedding: $(STAMP)
+	$(BIN)/pip install -e ".[distill]"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.static_embedding.distill
 
 bench: $(STAMP)
 	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/image.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done

@@ -454,6 +454,31 @@ def _demo(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _static_embedding(d: dict[str, Any]) -> list[Record]:
+    """Each reader's figure with the static embedding minus the transformer's: within the tolerance or better."""
+    tol = d.get("tolerance", 0.01)
+    out: list[Record] = []
+    for src, s in (d.get("cache") or {}).get("sources", {}).items():
+        n = s.get("test_positives")
+        for key in ("recall_top4_past_gate", "ap_cosine"):
+            out.append(target(f"cache {src} {key.replace('_', ' ')}, static - MiniLM", round(s["static"][key] - s["minilm"][key], 4),
+                              ">=", -tol, n=n if key.startswith("recall") else s.get("test_pairs"),
+                              n_of="test positives" if key.startswith("recall") else "test pairs",
+                              note=f"MiniLM {s['minilm'][key]}, static {s['static'][key]}"))
+    router = d.get("router") or {}
+    for run, label in (("static", "whole selection"), ("static_same_candidate", "shipped candidate")):
+        for src in ("mmlu", "alpaca") if run in router else ():
+            t, s = router["transformer"][src], router[run][src]
+            out.append(target(f"router held-out APGR {src}, static ({label}) - MiniLM", round(s["apgr"] - t["apgr"], 4), ">=", -tol,
+                              n=s.get("rows"), n_of="held-out rows", note=f"MiniLM {t['apgr']}, static {s['apgr']} ({router[run]['model']})"))
+    edge = d.get("edge")
+    if edge:
+        t, s = edge["transformer"]["held_out_prior_auroc"], edge["static"]["held_out_prior_auroc"]
+        out.append(target("edge prior held-out AUROC, static - MiniLM", round(s - t, 4), ">=", -tol, n=edge.get("held_out"),
+                          n_of="held-out probes", note=f"MiniLM {t}, static {s}"))
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
@@ -473,6 +498,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "router": _router,
     "router_latency": _router_latency,
     "shared_state": _shared_state,
+    "static_embedding": _static_embedding,
     "tiers": _tiers,
 }
 

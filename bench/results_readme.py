@@ -694,6 +694,38 @@ def render_generic(data: dict[str, Any]) -> list[str]:
     return _table(["figure", "value"], rows[:16])
 
 
+def render_static_embedding(data: dict[str, Any]) -> list[str]:
+    """Each reader's held-out figure with MiniLM and with the static embedding, and which one it reads."""
+    decision = {k: f"{v.get('reads')} (static within tolerance: {_num(v.get('static_within_tolerance'))})"
+                for k, v in (data.get("decision") or {}).items()}
+    rows: list[list[Any]] = []
+    cost = data.get("cost")
+    if cost:
+        t, s = cost["transformer_ms_per_text"], cost["static_ms_per_text"]
+        rows.append(["cost", f"ms per text at batch 1, p50 ({t.get('backend')} / static)", t["p50"], s["p50"], "", ""])
+    for src, c in ((data.get("cache") or {}).get("sources") or {}).items():
+        reads = decision.get("cache_candidate_search", "")
+        rows.append(["cache search", f"{src}: recall of true partners, top-4 past the gate", c["minilm"]["recall_top4_past_gate"],
+                     c["static"]["recall_top4_past_gate"], round(c["static"]["recall_top4_past_gate"] - c["minilm"]["recall_top4_past_gate"], 4), reads])
+        rows.append(["cache search", f"{src}: AP of raw cosine", c["minilm"]["ap_cosine"], c["static"]["ap_cosine"],
+                     round(c["static"]["ap_cosine"] - c["minilm"]["ap_cosine"], 4), reads])
+    router = data.get("router") or {}
+    for run, label in (("static", "whole selection"), ("static_same_candidate", "shipped candidate")):
+        for src in ("mmlu", "alpaca") if run in router else ():
+            t, s = router["transformer"][src]["apgr"], router[run][src]["apgr"]
+            rows.append(["router", f"held-out APGR, {src}; static: {label} ({router[run]['model']})", t, s, round(s - t, 4),
+                         decision.get("router", "")])
+    edge = data.get("edge")
+    if edge:
+        t, s = edge["transformer"]["held_out_prior_auroc"], edge["static"]["held_out_prior_auroc"]
+        rows.append(["edge prior", f"held-out prior AUROC (refitted on {edge.get('probes')} probes, {edge.get('held_out')} held out)", t, s, round(s - t, 4), decision.get("edge_prior", "")])
+    artifact = data.get("artifact") or {}
+    lines = [f"Static table: {artifact.get('vocabulary')} word pieces x {artifact.get('dimension')} dims, "
+             f"{_num(round((artifact.get('bytes') or 0) / 1e6, 2))} MB; a reader switches to it where its figure is within "
+             f"{_num(data.get('tolerance'))} of MiniLM's or better and its artifact is refitted on static features.", ""]
+    return lines + _table(["reader", "figure", "MiniLM", "static", "static - MiniLM", "reads"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_error_bound": render_cache_error_bound,
     "cache_latency": render_cache_latency,
@@ -712,6 +744,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "image": render_image,
     "tiers": render_tiers,
     "edge_escalation_ttfb": render_edge_escalation_ttfb,
+    "static_embedding": render_static_embedding,
 }
 
 
