@@ -58,7 +58,10 @@ def start_upstream(tmp: Path, port: int, threads: int) -> Any:
 
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()),
            "--model_alias", UPSTREAM_MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False"]
+           "--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False",
+           # A GPU server finishes the requests it has; llama_cpp.server by default drops a
+           # running one when the next arrives, which empties concurrent answers.
+           "--interrupt_requests", "False"]
     return start(cmd, f"http://127.0.0.1:{port}/v1/models", tmp / "upstream.log")
 
 

@@ -175,7 +175,8 @@ def start_upstream(tmp: Path, threads: int) -> tuple[Any, str]:
 
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()), "--model_alias", UPSTREAM_MODEL,
-           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False"]  # fmt: skip
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads), "--verbose", "False",
+           "--interrupt_requests", "False"]  # fmt: skip  (llama_cpp.server drops a running request when the next arrives otherwise)
     return start(cmd, f"http://127.0.0.1:{port}/v1/models", tmp / "upstream.log"), f"http://127.0.0.1:{port}/v1"
 
 

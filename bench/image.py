@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         up_port = free_port()
         upstream = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()), "--model_alias", UPSTREAM_MODEL,
-             "--host", "127.0.0.1", "--port", str(up_port), "--n_ctx", "2048", "--n_threads", "1", "--verbose", "False"],
+             "--host", "127.0.0.1", "--port", str(up_port), "--n_ctx", "2048", "--n_threads", "1", "--verbose", "False",
+             "--interrupt_requests", "False"],  # llama_cpp.server drops a running request when the next arrives otherwise
             stdout=open(work / "upstream.log", "wb"), stderr=subprocess.STDOUT,
         )
         procs.append(upstream)

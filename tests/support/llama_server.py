@@ -33,6 +33,9 @@ class LlamaServer:
             "--model_alias", UPSTREAM_MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--n_ctx", str(n_ctx), "--n_threads", "1", "--verbose", "False",
+            # Like a GPU server, finish every request it has; by default llama_cpp.server drops a
+            # running request when the next one arrives.
+            "--interrupt_requests", "False",
         ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ})
         self._wait()
