@@ -149,22 +149,28 @@ def _feed(tokenizer: Any, texts: list[str]) -> dict[str, np.ndarray]:
     }
 
 
+def cpu_session(onnx_path: Path, threads: int | None = 1) -> Any:
+    """An onnxruntime CPU session as the gateway runs its graphs: all graph optimisations, one
+    inter-op thread, `threads` intra-op threads (None: onnxruntime's default), and no spinning
+    (spinning worker threads steal the core the event loop needs; they sleep between ops)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxEncoder:
     """Sentence embeddings from an exported graph: L2-normalised float32 rows, one per text."""
 
     backend = "onnx"
 
     def __init__(self, model_dir: Path, onnx_path: Path, threads: int | None = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.inter_op_num_threads = 1
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        # Spinning worker threads steal the core the event loop needs; sleep between ops instead.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self._session = cpu_session(onnx_path, threads)
         self._tokenizer = _tokenizer(Path(model_dir))
         self.path = Path(onnx_path)
 

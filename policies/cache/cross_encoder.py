@@ -70,8 +70,7 @@ class CrossEncoder:
     """Probabilities that two request texts ask the same thing, from an exported cross-encoder."""
 
     def __init__(self, onnx_path: Path, model_dir: Path | None = None, threads: int | None = 1) -> None:
-        import onnxruntime as ort
-
+        from policies.onnx_encoder import cpu_session
         from policies.sentence_model import bundled_model_path
 
         self.path = Path(onnx_path)
@@ -80,14 +79,7 @@ class CrossEncoder:
         if self.meta.get("format") != FORMAT:
             raise ValueError(f"{self.path}: cross-encoder meta {meta_file} has format {self.meta.get('format')!r}, expected {FORMAT}")
         self.max_length = int(self.meta.get("max_length", MAX_LENGTH))
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.inter_op_num_threads = 1
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        # As the embedder: spinning worker threads steal the core the event loop needs.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self._session = cpu_session(self.path, threads)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._tokenizer = pair_tokenizer(model_dir or bundled_model_path(), self.max_length)
         self.calls = 0  # batched calls made (each scores one lookup's candidates together)

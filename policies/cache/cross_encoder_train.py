@@ -64,6 +64,7 @@ from policies.cache.verifier_data import (
     load_all,
     perturb,
 )
+from policies.cache.verifier_train import figures
 from policies.cache.verify import VerifyConfig, mismatch
 
 DEFAULT_EMBEDDINGS = Path("/tmp/tierlane_verifier/emb.npz")
@@ -318,14 +319,6 @@ def fit_blend(logits: np.ndarray, cosine: np.ndarray, previous: np.ndarray, y: n
     return {"logit": round(float(w[0]), 6), "cosine": round(float(w[1]), 6), "previous": round(float(w[2]), 6),
             "bias": round(float(model.intercept_[0]), 6), "previous_verifier": "verifier.npz",
             "fitted_on_pairs": int(finite.sum())}  # fmt: skip
-
-
-def figures(hit: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    tp = int((hit & (y == 1)).sum())
-    fp = int((hit & (y == 0)).sum())
-    pos = int((y == 1).sum())
-    return {"precision": round(tp / (tp + fp), 4) if tp + fp else None, "recall": round(tp / pos, 4) if pos else None,
-            "served": tp + fp, "true_hits": tp, "false_hits": fp, "positives": pos, "pairs": int(len(y))}  # fmt: skip
 
 
 def average_precision(score_: np.ndarray, y: np.ndarray) -> float:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from policies.artifact_dir import MANIFEST_FILE, sha256_file
+from policies.onnx_encoder import PROBES as ONNX_PROBES
 from policies.sentence_model import bundled_model_path
 from policies.static_embedding import ARTIFACT_DIR, FORMAT, MAX_TOKENS, TOKENIZER_FILE, VECTORS_FILE, StaticEmbedding
 
@@ -38,14 +39,7 @@ PCA_DIMS = 128
 SIF_COEFFICIENT = 1e-4
 # The loader must agree with model2vec's float32 encode to this cosine on every probe (int8 rounding).
 MIN_PROBE_COSINE = 0.999
-PROBES = (
-    "hi",
-    "How do I convert a list of strings to integers in Python?",
-    "Convert 5 miles to kilometers",
-    "Explain the difference between TCP and UDP, with examples of when each one is the better choice "
-    "for a real-time multiplayer game, a file transfer service and a DNS resolver.",
-    "Qu'est-ce que la photosynthèse ? Réponds en une phrase.",
-)
+PROBES = (*ONNX_PROBES, "Qu'est-ce que la photosynthèse ? Réponds en une phrase.")
 _ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 
 
