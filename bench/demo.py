@@ -45,6 +45,9 @@ EDGE_RUNS: tuple[tuple[str, dict[str, str], dict[str, Any]], ...] = (
     ("edge_off", {"TIERLANE_EDGE": "off"}, {}),
     ("learning_off", {}, {"cascade": {"learn": {"enabled": False}}}),
     ("shipped", {}, {}),
+    # The semantic cache as it shipped before the cross-encoder: the embedding-feature verifier at
+    # its own gate and threshold (before/after for the cache on the same workload).
+    ("cache_before", {}, {"cache": {"threshold": 0.82, "verify": {"verifier": "bundled", "min_probability": 0.96}}}),
 )
 TARGETS = {
     "edge_net_saving_usd": ">= 0 (shipped)",
@@ -117,6 +120,14 @@ def edge_summary(report: dict[str, Any], load: list[float]) -> dict[str, Any]:
         "saved_usd": cost.get("saved_usd"),
         "cost_usd": cost.get("cost_usd"),
         "edge": report["edge"],
+        "cache": {
+            "hit_rate": (report["lanes"].get("cache") or {}).get("share"),
+            "hits": (report["lanes"].get("cache") or {}).get("requests", 0),
+            "saved_usd": cost["saved_by_reason_usd"]["cache"] if cost.get("source") else None,
+            "checked": (report["lanes"].get("cache") or {}).get("checked", 0),
+            "correct": (report["lanes"].get("cache") or {}).get("correct", 0),
+            "hit_rate_by_kind": {kind: block.get("cache_hit_rate") for kind, block in (report.get("kinds") or {}).items()},
+        },
         "lanes": {lane: block["requests"] for lane, block in report["lanes"].items()},
         "route_reasons": report["route_reasons"],
         "upstream_ttft_ms": upstream.get("ttft_ms"),
