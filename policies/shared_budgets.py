@@ -35,6 +35,7 @@ from policies.budget_store import BudgetStore
 from policies.budgets import OPEN_SWEEP_AT, OPEN_TTL_S, Budgets, Limits
 from policies.errors import LimitExceeded, StoreUnavailable
 from policies.outage_share import OutageShare
+from policies.task_stop import cancel_and_wait
 
 OutageMode = Literal["deny", "local_share", "allow"]
 OWED_MAX = 100_000  # outage requests kept to count in the store later; past it they are counted in owed_dropped
@@ -259,8 +260,7 @@ class SharedBudgets:
     async def close(self) -> None:
         self._closed = True
         if self._beats is not None:
-            self._beats.cancel()
-            await asyncio.gather(self._beats, return_exceptions=True)
+            await cancel_and_wait(self._beats)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self._timeout * 2)
         await self.store.close()

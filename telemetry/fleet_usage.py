@@ -45,6 +45,7 @@ import orjson
 from redis.exceptions import ResponseError
 
 from policies.redis_mux import MuxClient
+from policies.task_stop import cancel_and_wait
 from telemetry.ledger import LedgerRow
 from telemetry.usage import MEASURES, UsageQuery
 
@@ -251,9 +252,7 @@ class FleetUsage:
         writer = self._writer
         if writer is not None:
             await asyncio.wait({writer}, timeout=_LINGER_S + self._write_timeout)
-            if not writer.done():
-                writer.cancel()
-                await asyncio.gather(writer, return_exceptions=True)
+            await cancel_and_wait(writer)
         lost = self._pending_rows + (self._unsent.rows if self._unsent is not None else 0)
         if lost:
             self.dropped += lost

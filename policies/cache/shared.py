@@ -64,6 +64,7 @@ from policies.embedder import DIMENSION
 from policies.policy import Policy
 from policies.redis_client import redis_client
 from policies.redis_mux import MuxClient
+from policies.task_stop import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class SharedCache:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.errors = 0  # store operations that failed or timed out
         self.skipped = 0  # lookups and admissions skipped because the store failed (fail open: misses)
+        self._closing = False  # the follower ends at its next turn (close() also cancels it)
         self.applied = 0  # stream events applied
         self.snapshots = 0  # catch-ups from the entry hashes (at start; after the stream was trimmed past us)
         self.snapshot_entries = 0  # live entries those snapshots loaded, all together
@@ -233,9 +235,9 @@ class SharedCache:
         self._follow_task = asyncio.create_task(self._follow())
 
     async def close(self) -> None:
+        self._closing = True
         if self._follow_task is not None:
-            self._follow_task.cancel()
-            await asyncio.gather(self._follow_task, return_exceptions=True)
+            await cancel_and_wait(self._follow_task)
             self._follow_task = None
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self._timeout * 2)
@@ -517,7 +519,7 @@ class SharedCache:
         failures = 0
         snapshot = True  # at start: the stream may have been trimmed of older entries' adds
         next_check = time.monotonic() + _SWEEP_EVERY_S
-        while True:
+        while not self._closing:
             try:
                 # NOTE: after a failed run, a new snapshot only when the stream was trimmed past the
                 # position (one XINFO), not after every failure: a blip of the store would otherwise
