@@ -54,7 +54,8 @@ def _model_digest(model_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _max_seq_length(model_dir: Path) -> int:
+def max_seq_length(model_dir: Path) -> int:
+    """How many word pieces the model reads (sentence-transformers' setting; longer text is cut)."""
     config = json.loads((model_dir / "sentence_bert_config.json").read_text())
     return int(config.get("max_seq_length", 256))
 
@@ -135,7 +136,7 @@ def _tokenizer(model_dir: Path) -> Any:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tokenizer.enable_truncation(max_length=_max_seq_length(model_dir))
+    tokenizer.enable_truncation(max_length=max_seq_length(model_dir))
     pad_id = tokenizer.token_to_id("[PAD]")
     tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token="[PAD]")
     return tokenizer
