@@ -35,6 +35,7 @@ from edge_engine.prefix_cache import PrefixCache
 from edge_engine.sampling import build_sampler
 from edge_engine.settings import EdgeSettings
 from edge_engine.speculative import DraftCost, lookup_draft, match_kind, match_prior
+from edge_engine.start_probes import start_costs
 from edge_engine.stats import EngineStats
 from edge_engine.step_cost import StepCost
 from edge_engine.text import TokenText
@@ -206,11 +207,10 @@ class Scheduler:
             self._prefixes = PrefixCache(
                 self.ctx, range(s.slots, s.n_seq_max), enabled=s.prefix_reuse, min_tokens=s.min_prefix_tokens
             )
-            self.steps = StepCost.calibrate(
-                self.ctx, self.model, self._free_ids[0], step_ms=s.prefill_step_ms, max_tokens=s.prefill_chunk
-            )
-            if self.speculate:
-                self.draft_cost = DraftCost.calibrate(self.ctx, self.model, self._free_ids[0])
+            costs = start_costs(self.ctx, self.model, self._free_ids[0], s, speculate=self.speculate)
+            self.steps = costs.steps
+            if costs.draft is not None:
+                self.draft_cost = costs.draft
         except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it on the loop
             with self._cond:
                 self._stopping = True

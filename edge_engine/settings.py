@@ -167,6 +167,17 @@ class EdgeSettings(BaseModel):
     prefill_step_ms: float | None = Field(
         150.0, gt=0, description="prompt steps are sized to take about this long (a new request waits at most one)"
     )
+    # The step and draft costs above are timed at start (~5 s on one thread, most of it a
+    # 512-cell scratch prompt) and kept in this directory per model file, llama.cpp build, CPU
+    # and context shape, so a restart or a new replica on the same machine reuses them while
+    # they are younger than probe_cache_ttl_s (edge_engine/start_probes.py). null: timed at
+    # every start.
+    probe_cache_dir: str | None = Field(
+        "~/.cache/tierlane/edge", description="where the start probes' costs are kept between starts (null: not kept)"
+    )
+    probe_cache_ttl_s: float = Field(
+        86400.0, ge=0, description="kept start-probe costs older than this are timed again"
+    )
     # While prompts are being ingested, running sequences get a decode step at least this often
     # (prompt steps fill the time between). 0: strict alternation of prompt and decode steps.
     # Larger values give new requests their first token sooner and stall running streams longer.
