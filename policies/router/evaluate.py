@@ -117,11 +117,12 @@ def within_group_auc(scores: np.ndarray, data: Labelled) -> float | None:
     return round(float(np.mean(aucs)), 4) if aucs else None
 
 
-def held_out_data(router: Router, data_dir: Path, cache_dir: Path) -> tuple[MMLUData, np.ndarray]:
+def held_out_data(router: Router, data_dir: Path, cache_dir: Path, every: int = 1) -> tuple[MMLUData, np.ndarray]:
     """The artifact's own test subjects with their embeddings, computed the gateway's way.
 
     Only the held-out subjects are embedded (one cache file per subject, shared with training),
-    so a cold cache costs ~20% of the training pass, not all of it.
+    so a cold cache costs ~20% of the training pass, not all of it. `every` > 1 keeps every
+    every-th held-out row (a fixed sample, cached apart from the whole set).
     """
     from policies.router.data import load_mmlu, mmlu_embeddings, subject_sample
 
@@ -131,7 +132,10 @@ def held_out_data(router: Router, data_dir: Path, cache_dir: Path) -> tuple[MMLU
     data = router.manifest.get("data", {})
     mmlu = subject_sample(load_mmlu(data_dir), data.get("mmlu_rows_per_subject_cap"), data.get("mmlu_sample_seed", 11))
     idx = np.flatnonzero(np.isin(mmlu.subjects, subjects))
-    return mmlu.take(idx), mmlu_embeddings(mmlu, cache_dir, subjects=list(subjects))
+    if every == 1:
+        return mmlu.take(idx), mmlu_embeddings(mmlu, cache_dir, subjects=list(subjects))
+    sample = mmlu.take(idx[::every])
+    return sample, mmlu_embeddings(sample, cache_dir)
 
 
 def per_subject(scores: np.ndarray, data: Labelled) -> dict[str, dict[str, Any]]:
