@@ -3,7 +3,7 @@ the strong-share errors bench/results/router.json reports, and their verdicts, a
 
 The held-out rows are embedded exactly as the gateway embeds a request (embedding_text + the
 gateway's ONNX graph at 256 word pieces) and cached under .tierlane/cache/router. MMLU: a fixed
-quarter of the 3,332 held-out rows (every 4th: 833 rows, ~35 s on a cold cache on 2 cores, where
+quarter of the 3,332 held-out rows (every 4th: 833 rows, ~18 s on a cold cache on 2 cores, where
 the whole set took ~120-190 s of the suite's time); its figures are compared with the whole
 set's within sampling error, and `bench/router_quality.py` reproduces the whole set's exactly.
 AlpacaEval: all 236 held-out rows, compared exactly.
