@@ -232,6 +232,10 @@ class RuntimeEncoder:
                     f"{RUNTIME_MAX_SEQ_LENGTH}; retrain the router for this model"
                 )
             self._encoder = load_encoder("onnx", threads=None)
+            if self._encoder.backend == "torch":  # the fallback: one thread, as before (spinning workers)
+                import torch
+
+                torch.set_num_threads(1)
         return np.asarray(self._encoder.encode(list(texts)), dtype=np.float32)
 
 

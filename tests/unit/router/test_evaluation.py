@@ -26,7 +26,7 @@ from policies.router.evaluate import held_out_alpaca, held_out_data, routing_met
 pytestmark = [pytest.mark.evaluation, pytest.mark.slow]  # embeds the held-out rows with the real embedder
 RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "router.json"
 EVERY = 4  # the MMLU sample: every 4th held-out row
-SAMPLE_TOLERANCE = 0.04  # a quarter sample's APGR and strong shares stay this close to the whole set's
+SAMPLE_TOLERANCE = 0.04  # a quarter sample's strong shares stay this close to the whole set's (~2.3 binomial SE at 833 rows)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,8 @@ def held_out(shipped_router: Router, data_dir):
 
 def test_held_out_subjects_beat_random(shipped_router: Router, held_out) -> None:
     test, emb = held_out
-    report = routing_metrics(shipped_router.score_batch(test.prompts, emb), test)
+    scores = shipped_router.score_batch(test.prompts, emb)
+    report = routing_metrics(scores, test)
     assert set(test.subjects.tolist()) == set(shipped_router.manifest["split"]["test_subjects"])
     assert report["rows"] == -(-shipped_router.manifest["split"]["test_rows"] // EVERY)
     assert report["auc"] > 0.55
@@ -52,7 +53,6 @@ def test_held_out_subjects_beat_random(shipped_router: Router, held_out) -> None
     assert report["cpt50"] < report["random"]["cpt50"]
     # The shipped manifest reports the whole set's figures: within three bootstrap standard errors of the sample's.
     shipped = shipped_router.manifest["metrics"]["held_out_test"]["mmlu"]
-    scores = shipped_router.score_batch(test.prompts, emb)
     rng = np.random.default_rng(0)
     resampled = [routing_metrics(scores[i], test.take(i))["apgr"] for i in rng.integers(0, len(scores), (200, len(scores)))]
     assert abs(report["apgr"] - shipped["apgr"]) <= 3 * float(np.std(resampled)), (report["apgr"], np.std(resampled))
