@@ -479,6 +479,33 @@ def _static_embedding(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _embedding_precision(d: dict[str, Any]) -> list[Record]:
+    """Each shipped reader's held-out figure on int8 vectors minus float32's: within the tolerance or better."""
+    tol = d.get("tolerance", 0.01)
+    out: list[Record] = []
+    router = d.get("router") or {}
+    for src in ("mmlu", "alpaca") if router else ():
+        r = router[src]
+        out.append(target(f"router held-out APGR {src}, int8 - fp32", r["apgr_delta"], ">=", -tol, n=r["int8"]["rows"],
+                          n_of="held-out rows", note=f"fp32 {r['fp32']['apgr']}, int8 {r['int8']['apgr']}"))
+    edge = d.get("edge")
+    if edge:
+        out.append(target("edge prior held-out AUROC, int8 - fp32", edge["prior_auroc_delta"], ">=", -tol, n=edge["held_out_probes"],
+                          n_of="held-out probes", note=f"fp32 {edge['fp32']['prior_auroc']}, int8 {edge['int8']['prior_auroc']}"))
+    cache = d.get("cache")
+    if cache:
+        f, q = cache["fp32"], cache["int8"]
+        out.append(target("cache semantic hit rate at the bound, int8 - fp32", cache["semantic_hit_rate_delta"], ">=", -tol,
+                          n=cache["queries"], n_of="test queries", note=f"fp32 {f['semantic_hit_rate']}, int8 {q['semantic_hit_rate']}"))
+        out.append(target("cache semantic hits at the bound, int8 / fp32", round(q["semantic_hits"] / max(f["semantic_hits"], 1), 4),
+                          ">=", 1 - tol, n=f["semantic_hits"], n_of="fp32 semantic hits",
+                          note=f"{q['semantic_hits']} int8, {f['semantic_hits']} fp32 semantic hits (same queries)"))
+        if q["served_error"] is not None:
+            out.append(target("cache served error at the bound, int8", q["served_error"], "<=", cache["max_error_rate"],
+                              n=q["semantic_hits"], n_of="semantic hits", note=f"fp32 {f['served_error']} over {f['semantic_hits']}"))
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "hostile_inputs": _hostile_inputs,
@@ -489,6 +516,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "dashboard": _dashboard,
     "demo": _demo,
     "edge_decode": _edge_decode,
+    "embedding_precision": _embedding_precision,
     "edge_engine": _edge_engine,
     "edge_quality": _edge_quality,
     "edge_speculative": _edge_speculative,

@@ -59,6 +59,7 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
         threads=cfg.threads,
         backend=cfg.backend,
         cache_dir=cfg.cache_dir,
+        precision=cfg.precision,
     )
     await embedder.start()
     return embedder
@@ -79,7 +80,9 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
         )
     from policies.cache.service import open_cache
 
-    return await open_cache(settings.state_dir, policy)
+    # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
+    # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.
+    return await open_cache(settings.state_dir, policy, vector_space=f"all-MiniLM-L6-v2/{settings.embedder.precision}")
 
 
 async def _cascade(settings: Settings, policy: Policy) -> Any:

@@ -55,22 +55,31 @@ def load_encoder(
     model_path: str | Path | None = None,
     cache_dir: str | Path | None = None,
     threads: int | None = 1,
+    precision: str = "fp32",
 ) -> SentenceEncoder:
     """The embedding backend: `onnx` (default, torch only for the one-time export) or `torch`.
 
+    `precision` int8 is the ONNX graph quantised (policies.onnx_encoder.quantize); float32 is what
+    the readers (router, edge prior, cache calibration) were fitted on, and the default here.
     When the ONNX backend cannot run (onnxruntime missing, an unwritable cache directory, an
-    export that fails its check) the torch backend serves instead, and the log says why.
+    export or quantisation that fails its check) the torch backend serves float32 instead, and
+    the log says why.
     """
     if backend not in ("onnx", "torch"):
         raise ValueError(f"unknown embedding backend {backend!r}: expected 'onnx' or 'torch'")
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"unknown embedding precision {precision!r}: expected 'fp32' or 'int8'")
+    if backend == "torch" and precision != "fp32":
+        raise ValueError("the torch embedding backend runs float32 only: set precision fp32 or backend onnx")
     model_dir = Path(model_path) if model_path is not None else bundled_model_path()
     if backend == "onnx":
         try:
             from policies.onnx_encoder import load_onnx_encoder
 
-            return load_onnx_encoder(model_dir, Path(cache_dir) if cache_dir else default_cache_dir(), threads)
+            cache = Path(cache_dir) if cache_dir else default_cache_dir()
+            return load_onnx_encoder(model_dir, cache, threads, precision)
         except Exception as exc:  # noqa: BLE001 - any failure of the export falls back to torch, logged
-            logger.warning("ONNX embedding backend unavailable, using torch: %s", exc)
+            logger.warning("ONNX embedding backend unavailable, using torch (float32): %s", exc)
     _set_torch_threads(threads)
     return TorchEncoder(load_sentence_model(model_dir))
 
@@ -110,6 +119,7 @@ class Embedder:
         threads: int | None = 1,
         backend: str = "onnx",
         cache_dir: str | Path | None = None,
+        precision: str = "fp32",
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -121,6 +131,7 @@ class Embedder:
         self.threads = threads
         self.backend = backend
         self.cache_dir = cache_dir
+        self.precision = precision
         self._encoder: SentenceEncoder | None = _as_encoder(model) if model is not None else None
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -139,6 +150,11 @@ class Embedder:
         return self._encoder.backend if self._encoder is not None else None
 
     @property
+    def precision_name(self) -> str | None:
+        """The precision actually serving (`fp32` or `int8`), once started."""
+        return self._encoder.precision if self._encoder is not None else None
+
+    @property
     def started(self) -> bool:
         return self._worker is not None and not self._worker.done()
 
@@ -150,7 +166,7 @@ class Embedder:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         if self._encoder is None:
             self._encoder = await loop.run_in_executor(
-                self._executor, load_encoder, self.backend, self.model_path, self.cache_dir, self.threads
+                self._executor, load_encoder, self.backend, self.model_path, self.cache_dir, self.threads, self.precision
             )
         elif self._encoder.backend == "torch":
             _set_torch_threads(self.threads)

@@ -54,6 +54,7 @@ class SentenceEncoder(Protocol):
     """What the batcher needs from a backend: texts in, L2-normalised float32 rows out."""
 
     backend: str
+    precision: str  # "fp32" or "int8": vectors of different precisions are not mixed in one index
 
     def encode(self, texts: list[str]) -> np.ndarray: ...
 
@@ -62,6 +63,7 @@ class TorchEncoder:
     """sentence-transformers on torch: the reference the other backends are checked against."""
 
     backend = "torch"
+    precision = "fp32"
 
     def __init__(self, model: SentenceTransformer, batch_size: int = 64) -> None:
         self.model = model

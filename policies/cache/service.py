@@ -77,8 +77,11 @@ class SemanticCache:
     probe to the worker cost an exact hit 8-15 ms p50 instead of 4 (the worker waited for the GIL).
     """
 
-    def __init__(self, state_dir: Path, policy: Policy, *, index: VectorIndex | None = None) -> None:
+    def __init__(
+        self, state_dir: Path, policy: Policy, *, index: VectorIndex | None = None, vector_space: str | None = None
+    ) -> None:
         self.directory = Path(state_dir) / "cache"
+        self.vector_space = vector_space  # the embedding the vectors come from (None: not checked)
         self.policy = policy
         self.base = CacheConfig.from_section(policy.resolve("cache"))
         self._index = index
@@ -203,6 +206,10 @@ class SemanticCache:
         if self.base.verify.verifier is not None:
             load(self.base.verify)  # read (and checked) now, not on the first lookup
         self._store = EntryStore(self.directory / "entries.sqlite3")
+        if self.vector_space is not None and (dropped := self._store.adopt_vector_space(self.vector_space)):
+            (self.directory / "vectors.faiss").unlink(missing_ok=True)
+            logger.warning("cache: %d stored vectors came from another embedding than %s and were dropped "
+                           "(their entries still answer exact repeats)", dropped, self.vector_space)  # fmt: skip
         if self._index is None:
             path = self.directory / "vectors.faiss"
             index = FaissIndex.open(DIMENSION, path, self._store.vector_scopes())
@@ -330,8 +337,8 @@ class SemanticCache:
         return {**self._store.stats(), "vectors": len(self._index), "directory": str(self.directory)}
 
 
-async def open_cache(state_dir: Path, policy: Policy) -> SemanticCache:
+async def open_cache(state_dir: Path, policy: Policy, vector_space: str | None = None) -> SemanticCache:
     """Build and start the cache under `<state_dir>/cache/` (the component builder calls this)."""
-    cache = SemanticCache(state_dir, policy)
+    cache = SemanticCache(state_dir, policy, vector_space=vector_space)
     await cache.start()
     return cache

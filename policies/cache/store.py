@@ -32,7 +32,10 @@ CREATE INDEX IF NOT EXISTS entries_scope ON entries(scope);
 CREATE INDEX IF NOT EXISTS entries_tenant ON entries(tenant);
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
 CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# What a store's vectors were embedded with when it predates the meta table.
+LEGACY_VECTOR_SPACE = "all-MiniLM-L6-v2/fp32"
 
 _COLUMNS = "id, exact, scope, tenant, model, text, response, usage, created, expires, last_used, hits"
 
@@ -130,6 +133,23 @@ class EntryStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    def adopt_vector_space(self, name: str) -> int:
+        """Mark the stored vectors as embedded with `name`; vectors of another embedding are dropped.
+
+        Their entries stay and still answer exact repeats; a cosine between vectors of two
+        embeddings (float32 and int8 differ by ~0.01) is not what the cache's thresholds were
+        chosen on. Returns how many vectors were dropped.
+        """
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'vector_space'").fetchone()
+        current = row[0] if row is not None else LEGACY_VECTOR_SPACE
+        dropped = 0
+        with self._transaction():
+            if current != name:
+                dropped = self._db.execute("UPDATE entries SET vector = NULL WHERE vector IS NOT NULL").rowcount
+            if row is None or current != name:
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('vector_space', ?)", (name,))
+        return max(dropped, 0)
 
     def get_many(self, ids: Iterable[int]) -> dict[int, Entry]:
         ids = list(ids)

@@ -54,6 +54,38 @@ async def test_survives_a_restart(open_cache, embedder, tmp_path, drop_index_fil
     assert answer is not None and ctx.cache_similarity is not None and ctx.cache_similarity < 1.0
 
 
+async def test_vectors_of_another_embedding_are_dropped_on_start(embedder, tmp_path) -> None:
+    from policies.policy import Policy
+
+    policy = Policy.load(extra={"cache": {"verify": {"min_probability": 0.5}}})
+    paraphrase = chat("How many bytes does a kilobyte have?")
+
+    async def reopen(space: str | None) -> tuple[SemanticCache, Flow]:
+        cache = SemanticCache(tmp_path / "s", policy, vector_space=space)
+        await cache.start()
+        return cache, Flow(cache, embedder)
+
+    cache, flow = await reopen(None)  # a store written before vector spaces were recorded: float32
+    await flow.answer(chat(Q), "1000 or 1024.")
+    await cache.close()
+    cache, flow = await reopen("all-MiniLM-L6-v2/fp32")  # the same embedding: nothing dropped
+    assert (await flow.ask(paraphrase))[1] is not None
+    await cache.close()
+    cache, flow = await reopen("all-MiniLM-L6-v2/int8")
+    try:
+        assert (await flow.ask(paraphrase))[1] is None, "a float32 vector answered an int8 query"
+        ctx, answer = await flow.ask(chat(Q))
+        assert answer is not None and ctx.cache_similarity == 1.0, "the entry still answers its exact repeat"
+        await flow.answer(paraphrase, "1024 bytes.")  # new entries carry vectors of the new embedding
+    finally:
+        await cache.close()
+    cache, flow = await reopen("all-MiniLM-L6-v2/int8")
+    try:
+        assert (await flow.ask(chat("How many bytes are there in one kilobyte?")))[1] is not None
+    finally:
+        await cache.close()
+
+
 async def test_expired_entries_are_not_served(open_cache, embedder) -> None:
     flow = Flow(await open_cache(ttl_s=0), embedder)
     await flow.answer(chat(Q), "1000 or 1024.")
