@@ -13,13 +13,14 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.commands.cache import match_lines
+from policies.cache import matcher
 from policies.cache.config import CacheConfig
 from policies.cache.cross_encoder import ARTIFACTS, BUNDLED_CROSS_ENCODER, CrossEncoder, load_cross_encoder
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.matcher import decide, decide_many
 from policies.cache.verifier import BUNDLED as PREVIOUS
 from policies.cache.verifier import LEXICAL_NAMES, PairText, load_verifier, pair_vector
-from policies.cache.verify import BUNDLED_VERIFIER, VerifyConfig
+from policies.cache.verify import BUNDLED_VERIFIER, Features, VerifyConfig, features
 from policies.policy import Policy
 
 PARAPHRASE = ("How do I reset my password?", "How can I reset my password?")
@@ -97,6 +98,30 @@ def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) ->
     )
     assert [(d.hit, d.reason, d.probability) for d in decisions] == [(False, "threshold", None), (False, "numbers", None)]
     assert decide_many("anything", [], threshold=0.8, checks=cfg) == []
+
+
+def test_a_texts_veto_features_are_extracted_once_and_decide_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _unloadable(VerifyConfig.from_policy({}), tmp_path)
+    extracted: list[str] = []
+
+    def counted(text: str, checks: VerifyConfig) -> Features:
+        extracted.append(text)
+        return features(text, checks)
+
+    monkeypatch.setattr(matcher, "features", counted)
+    matcher._memo_features.cache_clear()
+    long = "What is 7 percent of 200? " + "Say it plainly. " * (matcher._MEMO_CHARS // 16)
+    stored = [(0.99, "What is 6 percent of 200?", None), (0.99, "What is 5 percent of 300?", None), (0.99, long, None)]
+    first = decide_many("What is 5 percent of 200?", stored, threshold=0.8, checks=cfg)
+    again = decide_many("What is 5 percent of 200?", stored, threshold=0.8, checks=dataclasses.replace(cfg))
+    assert first == again
+    assert [(d.hit, d.reason) for d in first] == [(False, "numbers")] * 3
+    # the short texts once each, whichever equal checks ask; a long one every time
+    assert sorted(extracted) == sorted(["What is 5 percent of 200?", *(t for _, t, _ in stored), long])
+    # other checks, other features: kept apart
+    other = dataclasses.replace(cfg, numbers=False, verifier=None)
+    assert [d.hit for d in decide_many("What is 5 percent of 200?", stored[:1], threshold=0.8, checks=other)] == [True]
+    assert len(extracted) == 7
 
 
 @pytest.mark.slow
