@@ -67,6 +67,11 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
 
 async def _cache(settings: Settings, policy: Policy) -> Any:
     state = settings.state
+    # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
+    # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.
+    from policies.embedder import vector_space
+
+    space = vector_space(settings.embedder.precision)
     if state.backend == "redis":
         from policies.cache.shared import open_shared_cache  # redis is imported only when configured
 
@@ -77,12 +82,11 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
             connect_timeout_s=state.connect_timeout_ms / 1000.0,
             op_timeout_s=state.op_timeout_ms / 1000.0,
             stream_max_len=state.cache_stream_max_len,
+            vector_space=space,
         )
     from policies.cache.service import open_cache
 
-    # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
-    # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.
-    return await open_cache(settings.state_dir, policy, vector_space=f"all-MiniLM-L6-v2/{settings.embedder.precision}")
+    return await open_cache(settings.state_dir, policy, vector_space=space)
 
 
 async def _cascade(settings: Settings, policy: Policy) -> Any:

@@ -33,6 +33,7 @@ __all__ = [
     "encode",
     "load_encoder",
     "load_sentence_model",
+    "vector_space",
 ]
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ def _as_encoder(model: SentenceTransformer | SentenceEncoder) -> SentenceEncoder
     if type(model).__module__.startswith("sentence_transformers"):
         return TorchEncoder(model)  # type: ignore[arg-type]
     return model  # type: ignore[return-value]
+
+
+def vector_space(precision: str = "fp32") -> str:
+    """The name of the space a precision's vectors live in; the cache keeps vectors of one space apart."""
+    return f"all-MiniLM-L6-v2/{precision}"
 
 
 def default_cache_dir() -> Path:

@@ -27,6 +27,7 @@ async def readyz(request: web.Request) -> web.Response:
         if services.embedder is not None:
             # "torch" here means the ONNX export could not run; the log says why.
             checks["embedder"] = services.embedder.backend_name
+            checks["embedder_precision"] = services.embedder.precision_name
     status = 200 if ready else 503
     return web.json_response({"status": "ready" if ready else "not ready", "checks": checks}, status=status)
 

@@ -60,7 +60,7 @@ from policies.cache.index import Neighbour
 from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit, bound_allows, bound_gate, bound_score
-from policies.embedder import DIMENSION
+from policies.embedder import DIMENSION, vector_space
 from policies.policy import Policy
 from policies.redis_client import redis_client
 from policies.redis_mux import MuxClient
@@ -77,6 +77,29 @@ _SWEEP_EVERY_S = 30.0
 _SHARED_OWNER = "*"
 _SCAN_COUNT = 500  # entry keys per SCAN step of a snapshot (one pipelined HMGET each)
 _SNAPSHOT_FIELDS = ["id", "scope", "tenant", "exp", "v"]
+DEFAULT_VECTOR_SPACE = vector_space("fp32")
+
+
+def vector_blob(vector: np.ndarray, space: str) -> bytes:
+    """A vector as stored and streamed: float32 bytes, after a tag naming its embedding unless float32 MiniLM.
+
+    The float32 space keeps the untagged form replicas have always written; a replica drops a
+    vector of another space (the tag, or the size, does not match) and keeps the entry for exact repeats.
+    """
+    raw = np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+    return raw if space == DEFAULT_VECTOR_SPACE else _space_tag(space) + raw
+
+
+def vector_from_blob(blob: bytes, space: str) -> np.ndarray | None:
+    """The vector of a blob written in `space` (vector_blob), or None: exact-only, or another embedding's."""
+    tag = b"" if space == DEFAULT_VECTOR_SPACE else _space_tag(space)
+    if len(blob) != len(tag) + 4 * DIMENSION or not blob.startswith(tag):
+        return None
+    return np.frombuffer(blob, dtype=np.float32, offset=len(tag))
+
+
+def _space_tag(space: str) -> bytes:
+    return b"\x00space:" + space.encode() + b"\x00"
 
 # KEYS: entry, lru. ARGV: id, now (ms), ttl (ms), max entries, entry key prefix, exact,
 # scope, tenant, text, body, expiry (s), vector (float32 bytes; '' when not semantic).
@@ -167,6 +190,7 @@ class SharedCache:
         key_prefix: str = "tierlane:",
         op_timeout_s: float = 0.1,
         stream_max_len: int = 100_000,
+        vector_space: str = DEFAULT_VECTOR_SPACE,
     ) -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError("state.key_prefix must not contain { or }: the tenant is the hash tag")
@@ -175,6 +199,7 @@ class SharedCache:
         self.client = client
         self._follower = follower
         self._prefix = key_prefix
+        self.vector_space = vector_space  # the embedding of this replica's vectors: others' are not searched
         self._stream = f"{key_prefix}cache:stream"
         self._timeout = op_timeout_s
         self._stream_max_len = stream_max_len
@@ -205,7 +230,8 @@ class SharedCache:
 
     @classmethod
     def connect(
-        cls, policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int
+        cls, policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int,
+        vector_space: str = DEFAULT_VECTOR_SPACE,
     ) -> SharedCache:
         """Clients that connect lazily and reconnect on their own after the server comes back.
 
@@ -215,7 +241,8 @@ class SharedCache:
         client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
         # the follower blocks on the stream for _BLOCK_MS at a time
         follower = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=_BLOCK_MS / 1000.0 + 1.0 + op_timeout_s)
-        return cls(policy, client, follower, key_prefix=key_prefix, op_timeout_s=op_timeout_s, stream_max_len=stream_max_len)
+        return cls(policy, client, follower, key_prefix=key_prefix, op_timeout_s=op_timeout_s, stream_max_len=stream_max_len,
+                   vector_space=vector_space)
 
     async def start(self) -> None:
         """Start the follower (a snapshot of the live entries, then the stream); a store that is down is retried."""
@@ -390,7 +417,7 @@ class SharedCache:
         owner = self._owner(key, config)
         entry_id = secrets.randbits(62) or 1
         semantic = vector is not None and config.semantic and len(key.text) <= config.max_text_chars
-        blob = np.ascontiguousarray(vector, dtype=np.float32).tobytes() if semantic and vector is not None else b""
+        blob = vector_blob(vector, self.vector_space) if semantic and vector is not None else b""
         expires = now + config.ttl_s
         body = orjson.dumps({"response": response, "usage": usage})
         event: dict[Any, Any] = {"op": "add", "src": self._origin, "id": entry_id, "owner": owner, "exact": key.exact,
@@ -622,10 +649,11 @@ class SharedCache:
         self._add(entry_id, meta, vector)
 
     def _add_live(self, entry_id: int, meta: _Meta, blob: bytes, now: float) -> bool:
-        """An `add` from the stream or a snapshot: kept unless expired; a vector of the wrong size is left out."""
+        """An `add` from the stream or a snapshot: kept unless expired; a vector of the wrong size, or of
+        another embedding than this replica's (a fleet changing embedder.precision), is left out."""
         if meta.expires <= now:
             return False
-        vector = np.frombuffer(blob, dtype=np.float32) if len(blob) == 4 * DIMENSION else None
+        vector = vector_from_blob(blob, self.vector_space)
         self._add(entry_id, meta, vector)
         return True
 
@@ -732,12 +760,13 @@ def _stream_id(value: Any) -> tuple[int, int]:
 
 
 async def open_shared_cache(
-    policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int
+    policy: Policy, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float, stream_max_len: int,
+    vector_space: str = DEFAULT_VECTOR_SPACE,
 ) -> SharedCache:
     """Build and start the shared cache (the component builder calls this with `state.backend: redis`)."""
     cache = SharedCache.connect(
         policy, url, key_prefix=key_prefix, connect_timeout_s=connect_timeout_s, op_timeout_s=op_timeout_s,
-        stream_max_len=stream_max_len,
+        stream_max_len=stream_max_len, vector_space=vector_space,
     )  # fmt: skip
     await cache.start()
     return cache

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from policies.embedder import vector_space
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY,
@@ -35,7 +37,7 @@ CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # What a store's vectors were embedded with when it predates the meta table.
-LEGACY_VECTOR_SPACE = "all-MiniLM-L6-v2/fp32"
+LEGACY_VECTOR_SPACE = vector_space("fp32")
 
 _COLUMNS = "id, exact, scope, tenant, model, text, response, usage, created, expires, last_used, hits"
 

@@ -24,8 +24,8 @@ QUESTION = "How long should I boil water to make it safe to drink?"
 DECODING = {"max_tokens": 8, "temperature": 0, "stop": [" water", " eggs"]}
 
 
-def _gateway(make_gateway, llama_upstream, cache: dict):
-    base = {**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**PASS_THROUGH["policy"], "cache": cache}}
+def _gateway(make_gateway, llama_upstream, cache: dict, **embedder):
+    base = {**PASS_THROUGH, "embedder": {"enabled": True, **embedder}, "policy": {**PASS_THROUGH["policy"], "cache": cache}}
     return make_gateway(base=base, upstreams=[upstream_cfg("llama", llama_upstream.base_url, models=[UPSTREAM_MODEL])])
 
 
@@ -120,6 +120,19 @@ def test_readiness_names_the_embedding_backend(gw):
     ready = httpx.get(gw.url + "/readyz", timeout=10)
     assert ready.status_code == 200
     assert ready.json()["checks"]["embedder"] == "onnx"
+    assert ready.json()["checks"]["embedder_precision"] == "fp32"
+
+
+def test_int8_embedder_serves_exact_and_paraphrase_hits(make_gateway, llama_upstream):
+    gw = _gateway(make_gateway, llama_upstream, {"enabled": True, "verify": {"min_probability": LENIENT}}, precision="int8")
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["checks"]["embedder_precision"] == "int8"
+    first = chat(gw, QUESTION)
+    assert first.headers["x-tierlane-cache"] == "miss"
+    settle(gw)
+    para = chat(gw, "how long do i need to boil water so that it is safe to drink")
+    assert para.headers["x-tierlane-cache"] == "hit", para.headers
+    assert para.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert chat(gw, "How long should I boil eggs to make them hard?").headers["x-tierlane-cache"] == "miss"
 
 
 def test_the_shipped_verifier_serves_only_what_it_is_sure_of(make_gateway, llama_upstream):
