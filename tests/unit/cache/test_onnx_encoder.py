@@ -92,14 +92,16 @@ def test_int8_graph_is_quantised_from_the_float32_export_checked_and_reused(sent
     assert path.stat().st_mode & 0o777 == 0o644 and not list(tmp_path.glob("*.tmp"))
     got, want = int8.encode(TEXTS), sentence_encoder.encode(TEXTS)
     cosines = (got * want).sum(1)
-    assert cosines.min() > 0.97, cosines
+    assert cosines.min() > 0.98, cosines
     assert cosines.max() < 0.99999, "int8 vectors identical to float32 ones: the graph was not quantised"
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # a text's vector does not depend on what it is batched with (activations are scaled per token)
+    alone = np.stack([int8.encode([t])[0] for t in TEXTS])
+    assert (alone * got).sum(1).min() > 0.99999
     before = path.stat().st_mtime_ns
     again = load_encoder("onnx", cache_dir=tmp_path, precision="int8")
     assert again.path == path and path.stat().st_mtime_ns == before
-    # NOTE: the same batch, not a part of it: an activation's int8 scale is taken over the whole batch
-    assert np.allclose(again.encode(TEXTS), got, atol=1e-6)
+    assert np.allclose(again.encode(TEXTS[:2]), got[:2], atol=1e-5)
 
 
 def test_unknown_precision_and_int8_torch_are_rejected() -> None:
