@@ -67,6 +67,8 @@ edge-calibration: $(STAMP)
 # The semantic cache's learned verifier (policies/cache/MODEL_CARD.md); reads ../shared/data/cache.
 cache-verifier: $(STAMP)
 	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.cross_encoder_train
+	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.verifier_train --precision int8 --out policies/cache/artifacts/verifier-int8.npz
+	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.blend_refit --precision int8
 
 # The static embedding (policies/static_embedding): model2vec distils it from the bundled MiniLM,
 # offline, in about a minute; the `distill` extra brings model2vec (serving needs none of it).

@@ -493,16 +493,20 @@ def _embedding_precision(d: dict[str, Any]) -> list[Record]:
         out.append(target("edge prior held-out AUROC, int8 - fp32", edge["prior_auroc_delta"], ">=", -tol, n=edge["held_out_probes"],
                           n_of="held-out probes", note=f"fp32 {edge['fp32']['prior_auroc']}, int8 {edge['int8']['prior_auroc']}"))
     cache = d.get("cache")
-    if cache:
-        f, q = cache["fp32"], cache["int8"]
-        out.append(target("cache semantic hit rate at the bound, int8 - fp32", cache["semantic_hit_rate_delta"], ">=", -tol,
-                          n=cache["queries"], n_of="test queries", note=f"fp32 {f['semantic_hit_rate']}, int8 {q['semantic_hit_rate']}"))
-        out.append(target("cache semantic hits at the bound, int8 / fp32", round(q["semantic_hits"] / max(f["semantic_hits"], 1), 4),
-                          ">=", 1 - tol, n=f["semantic_hits"], n_of="fp32 semantic hits",
-                          note=f"{q['semantic_hits']} int8, {f['semantic_hits']} fp32 semantic hits (same queries)"))
-        if q["served_error"] is not None:
-            out.append(target("cache served error at the bound, int8", q["served_error"], "<=", cache["max_error_rate"],
-                              n=q["semantic_hits"], n_of="semantic hits", note=f"fp32 {f['served_error']} over {f['semantic_hits']}"))
+    if cache and "pairs_at_shipped" in cache:
+        pf = cache["pairs_at_shipped"]
+        f, q = pf["fp32"], pf["int8"]
+        out.append(target("cache test pairs: true hits at the shipped min_probability, int8 / fp32",
+                          round(q["true_hits"] / max(1, f["true_hits"]), 4), ">=", 1 - tol, n=pf["positives"], n_of="test positives",
+                          note=f"true/false hits: int8 {q['true_hits']}/{q['false_hits']}, fp32 {f['true_hits']}/{f['false_hits']}"))
+        out.append(target("cache test pairs: false hits at the shipped min_probability, int8 - fp32",
+                          q["false_hits"] - f["false_hits"], "<=", max(1, round(tol * f["true_hits"])), n=pf["test_pairs"] - pf["positives"],
+                          n_of="test negatives", note="a false hit serves a wrong answer"))
+        for run in ("shipped", "bound"):
+            fr, qr = cache["fp32"][run], cache["int8"][run]
+            out.append(target(f"cache replay ({run}): semantic hits, int8 / fp32", cache[f"{run}_semantic_hits_int8_vs_fp32"], ">=", 1 - tol,
+                              n=fr["semantic_hits"], n_of="fp32 semantic hits",
+                              note=f"served error int8 {qr['served_error']}, fp32 {fr['served_error']}"))
     return out
 
 

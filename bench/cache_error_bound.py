@@ -122,12 +122,12 @@ def answer(text: str) -> dict[str, Any]:
 
 async def replay(
     name: str, policy: Policy, seeds: list[tuple[str, str]], queries: list[tuple[str, str]], same: Components,
-    vectors: dict[str, np.ndarray], sample_rate: float, debug: bool = False,
+    vectors: dict[str, np.ndarray], sample_rate: float, debug: bool = False, vector_space: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     config = CacheConfig.from_section(policy.resolve("cache"))
     rng = random.Random(SEED + 1)
     with tempfile.TemporaryDirectory(prefix="tierlane-bound-") as tmp:
-        cache = SemanticCache(Path(tmp), policy)
+        cache = SemanticCache(Path(tmp), policy, vector_space=vector_space)
         await cache.start()
         asked: dict[str, tuple[str, str]] = {}  # stored answer (its question's text) -> (source, text)
         try:

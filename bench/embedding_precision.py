@@ -6,8 +6,8 @@ calibration were fitted on float32 all-MiniLM-L6-v2 vectors; here each reads int
 tuned on, each figure beside its float32 value on the same rows:
 
 - cost: ms per text at batch 1 (median, the two graphs alternating) and CPU ms per text in
-  batches of 16, on STS-B sentences; and how far an int8 vector moves with the texts batched
-  beside it (activations are quantised with one scale per batch): cosine alone vs in a batch.
+  batches of 16, on STS-B sentences; and whether an int8 vector moves with the texts batched
+  beside it (it should not: activations are quantised per token): cosine alone vs in a batch.
 - gateway: the full pipeline (bench/peers.py's config: cache miss + router, edge off) with each
   precision, req/s at 16 in flight on unique prompts, the two gateways alternating over rounds.
 - agreement: cosine of int8 to float32 vectors of the same texts (held-out router prompts).
@@ -15,9 +15,12 @@ tuned on, each figure beside its float32 value on the same rows:
   MMLU subjects and AlpacaEval sources.
 - edge prior: held-out AUROC of the shipped calibration's prior (the probe set's held-out split;
   the edge model's answers come from the calibration's record cache, run when missing).
-- cache: bench/cache_error_bound.py's replay (test split, real SemanticCache, shipped verifier,
-  `max_error_rate` 0.02): served error and semantic hit rate of the bound; the workload is built
-  once (float32), only the cache's own vectors change.
+- cache: the labelled test pairs, each as one lookup (past the gate, no rule veto, the verifier
+  at the shipped min_probability): true and false hits; and bench/cache_error_bound.py's replay
+  (test split, real SemanticCache, shipped verifier) with the shipped policy and with
+  `max_error_rate` 0.02: served error and semantic hits. The workload is built once (float32);
+  only the cache's own vectors change, and with them the verifier and blend fitted for them
+  (policies/cache/blend_refit.py).
 
 The verdict per reader: int8 within 0.01 of float32 or better (served error: not above the bound).
 The cache's semantic hit rate is also compared relative to float32's: its base rate is small
@@ -151,23 +154,63 @@ def part_edge(records_cache: Path, threads: int) -> dict[str, Any]:
     return out
 
 
+def _pair_figures(embeddings: Path, min_probability: float) -> dict[str, Any]:
+    """Every labelled test pair as one lookup: past the gate, no rule veto, the blend >= min_probability."""
+    from policies.cache.config import CacheConfig
+    from policies.cache.cross_encoder import BUNDLED_CROSS_ENCODER, CrossEncoder
+    from policies.cache.cross_encoder_train import previous_probabilities, score
+    from policies.cache.verifier import PairText
+    from policies.cache.verifier_data import EmbeddingCache, load_all
+    from policies.cache.verify import VerifyConfig, mismatch
+    from policies.embedder import vector_space
+    from policies.policy import Policy
+
+    cfg = VerifyConfig.from_policy({})
+    fp32 = EmbeddingCache(embeddings)
+    pairs = [p for p in load_all(fp32) if p.split == "test"]
+    gate = CacheConfig.from_section(Policy.load().resolve("cache")).threshold
+    encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
+    vetoed = np.asarray([mismatch(PairText(p.a, cfg).features, PairText(p.b, cfg).features, cfg) is not None for p in pairs])
+    y = np.asarray([p.label for p in pairs])
+    logits = score(encoder, pairs)
+    out: dict[str, Any] = {"test_pairs": len(pairs), "positives": int(y.sum()), "gate": gate, "min_probability": min_probability}
+    for precision in PRECISIONS:
+        space = vector_space(precision)
+        embed = fp32 if precision == "fp32" else EmbeddingCache(embeddings.with_name(f"{embeddings.stem}-{precision}.npz"),
+                                                                  precision=precision)  # fmt: skip
+        cos = np.einsum("ij,ij->i", embed([p.a for p in pairs]), embed([p.b for p in pairs]))
+        previous = previous_probabilities(pairs, embed, cfg, encoder.previous_verifier_for(space))
+        hit = (cos >= gate) & ~vetoed & (encoder.calibrate(logits, cos, previous, space) >= min_probability)
+        out[precision] = {"true_hits": int((hit & (y == 1)).sum()), "false_hits": int((hit & (y == 0)).sum())}
+    return out
+
+
 def part_cache(embeddings: Path, max_error_rate: float) -> dict[str, Any]:
     from bench.cache_error_bound import replay, workload
+    from policies.cache.config import CacheConfig
     from policies.cache.verifier_data import EmbeddingCache, load_gptcache, load_qqp
+    from policies.embedder import vector_space
     from policies.policy import Policy
 
     fp32 = EmbeddingCache(embeddings)
     pairs = [p for p in load_qqp() + load_gptcache(fp32) if p.split == "test"]
     seeds, queries, same = workload(pairs, None)
     texts = list(dict.fromkeys([t for _, t in seeds] + [t for _, t in queries]))
-    policy = Policy.load(extra={"cache": {"max_error_rate": max_error_rate}})
-    out: dict[str, Any] = {"pairs": len(pairs), "stored_first": len(seeds), "queries": len(queries), "max_error_rate": max_error_rate}
+    shipped = CacheConfig.from_section(Policy.load().resolve("cache")).verify.min_probability
+    out: dict[str, Any] = {"pairs": len(pairs), "stored_first": len(seeds), "queries": len(queries), "max_error_rate": max_error_rate,
+                           "shipped_min_probability": shipped, "pairs_at_shipped": _pair_figures(embeddings, shipped)}  # fmt: skip
     keep = ("served_error", "served_error_interval_95", "semantic_hits", "semantic_hit_rate", "hit_rate")
+    runs = {"bound": Policy.load(extra={"cache": {"max_error_rate": max_error_rate}}), "shipped": Policy.load()}
     for p in PRECISIONS:
         rows = fp32(texts) if p == "fp32" else _encode(encoders()["int8"], texts, "cache texts: int8")
-        run = asyncio.run(replay(f"bound ({p})", policy, seeds, queries, same, dict(zip(texts, rows)), 1.0))
-        out[p] = {k: run.get(k) for k in keep}
-    out["semantic_hit_rate_delta"] = round(out["int8"]["semantic_hit_rate"] - out["fp32"]["semantic_hit_rate"], 4)
+        vectors = dict(zip(texts, rows))
+        out[p] = {}
+        for run, policy in runs.items():
+            got = asyncio.run(replay(f"{run} ({p})", policy, seeds, queries, same, vectors, 1.0 if run == "bound" else 0.0,
+                                     vector_space=vector_space(p)))  # fmt: skip
+            out[p][run] = {k: got.get(k) for k in keep}
+    for run in runs:
+        out[f"{run}_semantic_hits_int8_vs_fp32"] = round(out["int8"][run]["semantic_hits"] / max(1, out["fp32"][run]["semantic_hits"]), 4)
     return out
 
 

@@ -230,7 +230,8 @@ def _ratio(num: float, den: float) -> float | None:
 def round_ratios(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Each round's tierlane-to-LiteLLM ratios (the same round: the same load on the machine), as median and spread."""
     per: dict[str, list[float]] = {"passthrough_added_p99_vs_litellm": [], "passthrough_rps_vs_litellm": [],
-                                   "full_pipeline_rps_vs_litellm": [], "full_pipeline_added_p50_vs_litellm": []}
+                                   "full_pipeline_rps_vs_litellm": [], "full_pipeline_added_p50_vs_litellm": [],
+                                   "full_pipeline_fp32_rps_vs_litellm": []}
     for r in rounds:
         ll, pt, full = r["litellm"], r["tierlane_passthrough"], r["tierlane_full"]
         for name, value in (
@@ -238,11 +239,13 @@ def round_ratios(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             ("passthrough_rps_vs_litellm", _ratio(pt["rps"], ll["rps"])),
             ("full_pipeline_rps_vs_litellm", _ratio(full["rps"], ll["rps"])),
             ("full_pipeline_added_p50_vs_litellm", _ratio(full["added_p50_ms"], ll["added_p50_ms"])),
+            ("full_pipeline_fp32_rps_vs_litellm",
+             _ratio(r["tierlane_full_fp32"]["rps"], ll["rps"]) if "tierlane_full_fp32" in r else None),
         ):
             if value is not None:
                 per[name].append(value)
     return {name: {"median": round(statistics.median(v), 3), "spread": [min(v), max(v)]} if v else None
-            for name, v in per.items()}
+            for name, v in per.items() if v or name != "full_pipeline_fp32_rps_vs_litellm"}
 
 
 def full_pipeline_config(upstream_url: str, state_dir: str) -> dict[str, Any]:
@@ -332,6 +335,8 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=900,
                         help=f"stop starting new rounds after this long (each concurrency still gets {MIN_ROUNDS})")
     parser.add_argument("--litellm-version", default=LITELLM_VERSION)
+    parser.add_argument("--no-fp32", action="store_true",
+                        help="leave out the full pipeline with embedder.precision fp32 (a fifth target, for comparison)")
     args = parser.parse_args()
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds must be at least {MIN_ROUNDS}")
@@ -352,6 +357,12 @@ def main() -> None:
         procs["tierlane_full"] = start(
             gateway_cmd(full_pipeline_config(up_url, str(tmp / "full-state")), tmp / "full.yaml", full_port),
             f"http://127.0.0.1:{full_port}/healthz", tmp / "full.log", env={"HF_HUB_OFFLINE": "1"})
+        if not args.no_fp32:
+            fp32_port = free_port()
+            fp32_config = full_pipeline_config(up_url, str(tmp / "fp32-state")) | {"embedder": {"precision": "fp32"}}
+            procs["tierlane_full_fp32"] = start(
+                gateway_cmd(fp32_config, tmp / "fp32.yaml", fp32_port),
+                f"http://127.0.0.1:{fp32_port}/healthz", tmp / "fp32.log", env={"HF_HUB_OFFLINE": "1"})
         print("starting the LiteLLM proxy (its start-up takes a while)")
         procs["litellm"] = start_litellm(exe, up_url, ll_port, tmp)
         targets = {
@@ -360,6 +371,8 @@ def main() -> None:
             "tierlane_full": (f"http://127.0.0.1:{full_port}/v1/chat/completions", "auto"),
             "litellm": (f"http://127.0.0.1:{ll_port}/v1/chat/completions", "fast-model"),
         }
+        if not args.no_fp32:
+            targets["tierlane_full_fp32"] = (f"http://127.0.0.1:{fp32_port}/v1/chat/completions", "auto")
         full_metrics = f"http://127.0.0.1:{full_port}/metrics"
         loop_before = loop_stats(full_metrics)
         results: dict[str, Any] = {}
@@ -393,8 +406,13 @@ def main() -> None:
                              "no database, no master key"],
         },
         "tierlane_full": {
-            "config": "embedded defaults + the upstream (models '*'), model 'auto', edge engine disabled so the router always sends upstream",
+            "config": "embedded defaults (embedder.precision int8) + the upstream (models '*'), model 'auto', edge engine "
+                      "disabled so the router always sends upstream",
             "pipeline": pipeline_description(),
+        },
+        "tierlane_full_fp32": None if args.no_fp32 else {
+            "config": "tierlane_full's, with embedder.precision fp32 (the default is int8, "
+                      "bench/results/embedding_precision.json); for comparison, no target",
         },
         "targets": TARGETS,
         "calibration": CALIBRATION,

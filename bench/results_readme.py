@@ -104,7 +104,7 @@ def render_peers(data: dict[str, Any]) -> list[str]:
     rows, ratio_rows = [], []
     for level, r in data.get("results", {}).items():
         c = level.removeprefix("concurrency_")
-        for name in ("direct", "tierlane_passthrough", "tierlane_full", "litellm"):
+        for name in ("direct", "tierlane_passthrough", "tierlane_full", "tierlane_full_fp32", "litellm"):
             if name in r:
                 t = r[name]
                 rows.append(
@@ -123,7 +123,8 @@ def render_peers(data: dict[str, Any]) -> list[str]:
         if ratios:
             cells = [f"{_num(x['median'])} ({_interval(x['spread'])})" if x else "–" for x in (
                 ratios.get("passthrough_added_p99_vs_litellm"), ratios.get("passthrough_rps_vs_litellm"),
-                ratios.get("full_pipeline_rps_vs_litellm"), ratios.get("full_pipeline_added_p50_vs_litellm"))]
+                ratios.get("full_pipeline_rps_vs_litellm"), ratios.get("full_pipeline_added_p50_vs_litellm"),
+                ratios.get("full_pipeline_fp32_rps_vs_litellm"))]
             loop = r.get("tierlane_full_loop") or {}
             ratio_rows.append([c, r.get("rounds"), *cells, r.get("load_average_1m_at_start", "–"),
                                f"{_num(loop.get('max_lag_ms'))} / {_num(loop.get('stalls'))}" if loop else "–"])
@@ -134,7 +135,8 @@ def render_peers(data: dict[str, Any]) -> list[str]:
     lines += _table(["concurrency", "target", "added p50 ms", "added p99 ms", "p50 ms", "p99 ms", "req/s", "errors"], rows)
     if ratio_rows:
         lines += ["", *_table(["concurrency", "rounds", "pass-through added p99 ÷ LiteLLM's", "pass-through req/s ÷ LiteLLM's",
-                               "full pipeline req/s ÷ LiteLLM's", "full pipeline added p50 ÷ LiteLLM's", "load average (1 min)",
+                               "full pipeline req/s ÷ LiteLLM's", "full pipeline added p50 ÷ LiteLLM's",
+                               "full pipeline, fp32 embedder: req/s ÷ LiteLLM's", "load average (1 min)",
                                "full pipeline loop: largest lag ms / stalls"], ratio_rows)]  # fmt: skip
     rss = data.get("peak_rss_mb") or {}
     if rss:

@@ -160,10 +160,10 @@ class EmbedderSettings(_Strict):
     cache_dir: Path | None = Field(None, description="where the exported graph is kept (null: ~/.cache/tierlane/models)")
     threads: int | None = Field(1, ge=1, description="intra-op threads of the backend (null: its default)")
     precision: Literal["fp32", "int8"] = Field(
-        "fp32",
-        description="fp32: the vectors the router, edge prior and cache were fitted on; int8: the ONNX graph's matmuls "
-        "quantised, about half the CPU, router and edge prior within 0.01 but ~17 % fewer semantic cache hits, and a "
-        "text's vector varies with what it is batched with (bench/results/embedding_precision.json)",
+        "int8",
+        description="int8: every matmul by a weight in int8 (activations per token: a vector does not depend on its "
+        "batch), about half the CPU; the router and edge prior read it within 0.01 of float32, the cache with its "
+        "verifier refitted for it (bench/results/embedding_precision.json); fp32: the vectors the readers were fitted on",
     )
     max_wait_ms: float = Field(2.0, ge=0)
     max_batch: int = Field(64, ge=1)

@@ -107,31 +107,51 @@ class CrossEncoder:
         blend = self.meta.get("blend")
         return blend if isinstance(blend, dict) else None
 
+    def blend_for(self, space: str | None) -> dict[str, Any] | None:
+        """The blend fitted on the cosines and verifier probabilities of vectors from `space`
+        (`blends` in the meta, policies/cache/blend_refit.py), else the one fitted with the artifact."""
+        blends = self.meta.get("blends")
+        found = blends.get(space) if isinstance(blends, dict) and space is not None else None
+        return found if isinstance(found, dict) else self.blend
+
     @property
     def previous_verifier(self) -> Path | None:
         """The embedding-feature verifier the blend also reads (beside this artifact), if any."""
-        name = (self.blend or {}).get("previous_verifier")
+        return self.previous_verifier_for(None)
+
+    def previous_verifier_for(self, space: str | None) -> Path | None:
+        """The embedding-feature verifier the blend for vectors of `space` reads, if any."""
+        name = (self.blend_for(space) or {}).get("previous_verifier")
         return self.path.parent / str(name) if name else None
+
+    def previous_verifiers(self) -> list[Path]:
+        """Every embedding-feature verifier a blend of this artifact reads."""
+        blends = self.meta.get("blends")
+        spaces = [None, *blends] if isinstance(blends, dict) else [None]
+        return sorted({p for space in spaces if (p := self.previous_verifier_for(space)) is not None})
 
     def probabilities(
         self,
         pairs: list[tuple[str, str]],
         cosine: np.ndarray | list[float] | None = None,
         previous: np.ndarray | list[float] | None = None,
+        space: str | None = None,
     ) -> np.ndarray:
         """Each pair's probability (0 for a pair too long to score). A blend reads the pairs'
-        bi-encoder cosines and, when it names a previous verifier, that verifier's probabilities."""
-        return self.calibrate(self.logits(pairs), cosine, previous)
+        bi-encoder cosines (of vectors from `space`) and, when it names a previous verifier, that
+        verifier's probabilities."""
+        return self.calibrate(self.logits(pairs), cosine, previous, space)
 
     def calibrate(
         self,
         logits: np.ndarray,
         cosine: np.ndarray | list[float] | None = None,
         previous: np.ndarray | list[float] | None = None,
+        space: str | None = None,
     ) -> np.ndarray:
         """Probabilities from logits (with cosines and the previous verifier's probabilities for a
-        blend); a pair with a -inf logit (too long) gets 0."""
-        blend = self.blend
+        blend, the one fitted for vectors of `space`); a pair with a -inf logit (too long) gets 0."""
+        blend = self.blend_for(space)
         finite = np.isfinite(logits)
         z = np.where(finite, logits, 0.0)
         if blend:

@@ -295,12 +295,12 @@ def score(encoder: CrossEncoder, pairs: Sequence[Pair], batch: int = 32) -> np.n
     return out
 
 
-def previous_probabilities(pairs: Sequence[Pair], embed: EmbeddingCache, cfg: VerifyConfig) -> np.ndarray:
-    """The embedding-feature verifier's (verifier.npz) probabilities for `pairs`, as the matcher computes them."""
+def previous_probabilities(pairs: Sequence[Pair], embed: EmbeddingCache, cfg: VerifyConfig, verifier: Path | None = None) -> np.ndarray:
+    """The embedding-feature verifier's (default verifier.npz) probabilities for `pairs`, as the matcher computes them."""
     from policies.cache.verifier import load_verifier, pair_vector
     from policies.cache.verify import BUNDLED_VERIFIER
 
-    model = load_verifier(str(BUNDLED_VERIFIER))
+    model = load_verifier(str(verifier or BUNDLED_VERIFIER))
     u, v = embed([p.a for p in pairs]), embed([p.b for p in pairs])
     x = np.stack([pair_vector(u[i], v[i], PairText(p.a, cfg), PairText(p.b, cfg), cfg) for i, p in enumerate(pairs)])
     return np.asarray(model.probabilities(x), dtype=np.float64)

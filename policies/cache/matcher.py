@@ -63,8 +63,12 @@ def decide_many(
     checks: VerifyConfig,
     query_vector: np.ndarray | None = None,
     query_features: Features | None = None,
+    space: str | None = None,
 ) -> list[Decision]:
     """One decision per (similarity, candidate text, candidate vector), in order.
+
+    `space` names the embedding the similarities and vectors come from (policies.embedder.vector_space):
+    the cross-encoder's blend fitted for it reads them.
 
     A candidate below `threshold` (the cosine gate) or failing a rule veto is a miss without the
     verifier; the rest are scored together in one call and served when the probability is
@@ -90,7 +94,7 @@ def decide_many(
     if survivors:
         assert checks.verifier is not None
         if is_cross_encoder(checks.verifier):
-            scored = _cross_encoder(query, [candidates[i] for i in survivors], checks, query_vector)
+            scored = _cross_encoder(query, [candidates[i] for i in survivors], checks, query_vector, space)
         else:
             scored = _previous_verifier(query, [candidates[i] for i in survivors], checks, query_vector)
         for i, probability in zip(survivors, scored):
@@ -103,7 +107,8 @@ def decide_many(
 
 
 def _cross_encoder(
-    query: str, candidates: Sequence[Candidate], checks: VerifyConfig, query_vector: np.ndarray | None
+    query: str, candidates: Sequence[Candidate], checks: VerifyConfig, query_vector: np.ndarray | None,
+    space: str | None = None,
 ) -> list[float | None]:
     """One batched cross-encoder call; a blend that reads the previous verifier scores the same
     candidates with it first (a candidate without vectors is then a miss, as there)."""
@@ -111,13 +116,15 @@ def _cross_encoder(
     encoder = load_cross_encoder(checks.verifier)
     keep = list(range(len(candidates)))
     previous: list[float] | None = None
-    if encoder.previous_verifier is not None:
-        scored = _previous_verifier(query, candidates, checks, query_vector, str(encoder.previous_verifier))
+    previous_path = encoder.previous_verifier_for(space)
+    if previous_path is not None:
+        scored = _previous_verifier(query, candidates, checks, query_vector, str(previous_path))
         keep = [i for i, p in enumerate(scored) if p is not None]
         previous = [float(scored[i]) for i in keep]  # type: ignore[arg-type]
     out: list[float | None] = [None] * len(candidates)
     if keep:
-        probabilities = encoder.probabilities([(query, candidates[i][1]) for i in keep], [candidates[i][0] for i in keep], previous)
+        probabilities = encoder.probabilities([(query, candidates[i][1]) for i in keep], [candidates[i][0] for i in keep],
+                                              previous, space)  # fmt: skip
         for i, probability in zip(keep, probabilities.tolist()):
             out[i] = probability
     return out
@@ -146,10 +153,10 @@ def load(checks: VerifyConfig) -> None:
         return
     if is_cross_encoder(checks.verifier):
         encoder = load_cross_encoder(checks.verifier)
-        if encoder.previous_verifier is not None:
-            from policies.cache.verifier import load_verifier
+        from policies.cache.verifier import load_verifier
 
-            load_verifier(str(encoder.previous_verifier))
+        for path in encoder.previous_verifiers():
+            load_verifier(str(path))
     else:
         from policies.cache.verifier import load_verifier
 

@@ -258,7 +258,7 @@ class SemanticCache:
             return None
         # One batched cross-encoder call for every candidate past the gate and the vetoes.
         decisions = decide_many(key.text, [(n.similarity, e.text, n.vector) for n, e in live], threshold=gate,
-                                checks=checks, query_vector=vector)  # fmt: skip
+                                checks=checks, query_vector=vector, space=self.vector_space)  # fmt: skip
         first_refused: CacheHit | None = None
         for (neighbour, entry), decision in zip(live, decisions):
             if bound_allows(self.bounds, bound_scope, config.bound, entry.id, decision):

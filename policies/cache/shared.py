@@ -353,7 +353,7 @@ class SharedCache:
             return None
         decisions = await self._call(
             lambda: decide_many(key.text, [(n.similarity, _text(row[2]), n.vector) for _, _, n, row in live],
-                                threshold=gate, checks=checks, query_vector=vector)
+                                threshold=gate, checks=checks, query_vector=vector, space=self.vector_space)
         )  # fmt: skip
         first_refused: CacheHit | None = None
         for (entry_id, meta, neighbour, row), decision in zip(live, decisions):

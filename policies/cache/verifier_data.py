@@ -212,9 +212,10 @@ _SEPARATOR = "\x1f"  # the unit separator: never in a normalised text (NFKC keep
 class EmbeddingCache:
     """Each text encoded once, with the gateway's encoder, kept in an .npz under /tmp between runs."""
 
-    def __init__(self, path: Path, batch: int = 128) -> None:
+    def __init__(self, path: Path, batch: int = 128, precision: str = "fp32") -> None:
         self.path = path
         self.batch = batch
+        self.precision = precision  # the embedder's (policies/embedder.py); keep each precision in its own file
         self.vectors: dict[str, np.ndarray] = {}
         if path.exists():
             with np.load(path, allow_pickle=False) as data:
@@ -234,7 +235,7 @@ class EmbeddingCache:
 
         from policies.embedder import load_encoder
 
-        encoder = load_encoder(threads=1)
+        encoder = load_encoder(threads=1, precision=self.precision)
         order = sorted(texts, key=len)  # similar lengths batch with less padding
         for start in tqdm(range(0, len(order), self.batch), desc="embed", unit="batch"):
             chunk = order[start : start + self.batch]

@@ -38,6 +38,7 @@ import numpy as np
 from policies.cache.verifier import BUNDLED, FORMAT, LEXICAL_NAMES, PairText, VerifierModel, pair_vector
 from policies.cache.verifier_data import SPLITS, STSB_POSITIVE_MIN, EmbeddingCache, Pair, load_all
 from policies.cache.verify import VerifyConfig, mismatch
+from policies.embedder import vector_space
 
 DEFAULT_EMBEDDINGS = Path("/tmp/tierlane_verifier/emb.npz")
 SOURCES = ("qqp", "stsb", "gptcache")
@@ -225,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.82, help="the policy's cosine threshold")
     parser.add_argument("--augment", action="store_true", help="add train-only repeats and light edits (verifier_data.augment)")
     parser.add_argument("--matrix", type=Path, help="reuse (or write) the pair matrix here (a pickle, for development)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"],
+                        help="the embedder precision whose vectors the verifier reads (pairs are built from float32 ones "
+                             "either way, so both precisions train on the same pairs); int8 keeps its vectors in "
+                             "<embeddings>-int8.npz")  # fmt: skip
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
@@ -234,7 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         m = pickle.loads(args.matrix.read_bytes())
     else:
         embed = EmbeddingCache(args.embeddings)
-        m = build(load_all(embed, with_augment=args.augment), embed, cfg)
+        pairs = load_all(embed, with_augment=args.augment)
+        if args.precision != "fp32":
+            embed = EmbeddingCache(args.embeddings.with_name(f"{args.embeddings.stem}-{args.precision}.npz"),
+                                   precision=args.precision)  # fmt: skip
+        m = build(pairs, embed, cfg)
         if args.matrix is not None:
             args.matrix.write_bytes(pickle.dumps(m))
     # Fitted where the decision is hard: pairs near or past the cosine threshold.
@@ -258,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "trained_on": f"train split (cosine >= {TRAIN_MIN_COSINE}) of qqp_train_pairs.json, STS-B dev, GPTCache mock pairs",
         "calibrated_on": f"selection split, pairs with cosine >= {args.threshold} that pass the rule vetoes",
         "stsb_positive_min": STSB_POSITIVE_MIN, "source_weight": SOURCE_WEIGHT, "embedding_model": "all-MiniLM-L6-v2",
+        "vectors": vector_space(args.precision),
         "splits": "connected text components per source, seeded hash (verifier_data.py)", "augment": args.augment,
     }  # fmt: skip
     model = to_model(scaler, mlp, hgb, calibration, meta)

@@ -120,12 +120,12 @@ def test_readiness_names_the_embedding_backend(gw):
     ready = httpx.get(gw.url + "/readyz", timeout=10)
     assert ready.status_code == 200
     assert ready.json()["checks"]["embedder"] == "onnx"
-    assert ready.json()["checks"]["embedder_precision"] == "fp32"
+    assert ready.json()["checks"]["embedder_precision"] == "int8"  # the default
 
 
-def test_int8_embedder_serves_exact_and_paraphrase_hits(make_gateway, llama_upstream):
-    gw = _gateway(make_gateway, llama_upstream, {"enabled": True, "verify": {"min_probability": LENIENT}}, precision="int8")
-    assert httpx.get(gw.url + "/readyz", timeout=10).json()["checks"]["embedder_precision"] == "int8"
+def test_fp32_embedder_serves_exact_and_paraphrase_hits(make_gateway, llama_upstream):
+    gw = _gateway(make_gateway, llama_upstream, {"enabled": True, "verify": {"min_probability": LENIENT}}, precision="fp32")
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["checks"]["embedder_precision"] == "fp32"
     first = chat(gw, QUESTION)
     assert first.headers["x-tierlane-cache"] == "miss"
     settle(gw)

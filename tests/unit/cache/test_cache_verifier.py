@@ -88,6 +88,37 @@ def test_the_blend_reads_the_cross_encoder_and_the_embedding_feature_verifier() 
         encoder.probabilities([PARAPHRASE], [0.9])
 
 
+@pytest.mark.slow
+def test_each_vector_space_reads_its_own_blend_and_verifier(sentence_encoder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from policies.embedder import vector_space
+
+    encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
+    int8, fp32 = vector_space("int8"), vector_space("fp32")
+    assert encoder.blend_for(None) is encoder.blend_for(fp32) is encoder.blend  # float32: the blend fitted with the artifact
+    blend = encoder.blend_for(int8)
+    assert blend is not None and blend is not encoder.blend and blend["vectors"] == int8
+    assert encoder.previous_verifier_for(fp32) == PREVIOUS
+    assert encoder.previous_verifier_for(int8) == ARTIFACTS / "verifier-int8.npz" and (ARTIFACTS / "verifier-int8.npz").is_file()
+    assert encoder.previous_verifiers() == sorted([PREVIOUS, ARTIFACTS / "verifier-int8.npz"])
+    cosine, previous = [0.87], [0.9]
+    assert encoder.probabilities([PARAPHRASE], cosine, previous, int8)[0] != encoder.probabilities([PARAPHRASE], cosine, previous)[0]
+    # decide_many hands the space on: the int8 lookup scores with the int8 verifier
+    seen: list[str] = []
+    real = matcher._previous_verifier
+
+    def spy(query: str, candidates: Any, checks: VerifyConfig, query_vector: Any, path: str | None = None) -> Any:
+        seen.append(Path(path or "").name)
+        return real(query, candidates, checks, query_vector, path)
+
+    monkeypatch.setattr(matcher, "_previous_verifier", spy)
+    vectors = sentence_encoder.encode(list(PARAPHRASE))
+    cfg = VerifyConfig.from_policy({})
+    for space in (int8, None):
+        decide_many(PARAPHRASE[0], [(0.95, PARAPHRASE[1], vectors[1])], threshold=0.8, checks=cfg, query_vector=vectors[0],
+                    space=space)  # fmt: skip
+    assert seen == ["verifier-int8.npz", "verifier.npz"]
+
+
 def test_no_cross_encoder_call_below_the_gate_or_after_a_veto(tmp_path: Path) -> None:
     cfg = _unloadable(VerifyConfig.from_policy({}), tmp_path)
     decisions = decide_many(
