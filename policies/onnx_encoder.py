@@ -15,12 +15,14 @@ what reads them was checked on held-out data against the float32 figures (the sa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -82,6 +84,25 @@ def onnx_path_for(model_dir: Path, cache_dir: Path, precision: str = "fp32") -> 
     raise ValueError(f"unknown embedding precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
 
 
+@contextlib.contextmanager
+def _replacing(out_path: Path) -> Iterator[Path]:
+    """A temporary file beside `out_path`, renamed into place when the block ends without an error
+    (and removed when it raises), so a crash, a failed check or a concurrent writer never leaves
+    a half-written or wrong graph where a gateway would load it."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=out_path.name, suffix=".tmp", dir=out_path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        # mkstemp makes it 0600: readable by every user, as another user may run the gateway than
+        # the one that exported (an image exports as root at build time).
+        tmp.chmod(0o644)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def export(model_dir: Path, out_path: Path) -> Path:
     """Export the sentence-transformers model (transformer, mean pooling, L2 norm) to ONNX and check it.
 
@@ -111,11 +132,7 @@ def export(model_dir: Path, out_path: Path) -> Path:
 
     tokenizer = _tokenizer(model_dir)
     example = _feed(tokenizer, ["an example", "a longer example sentence for the trace"])
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=out_path.name, suffix=".tmp", dir=out_path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with _replacing(out_path) as tmp:
         # The tracer warns about shape branches it freezes (BERT is never causal here); the probe
         # comparison below is what decides whether the graph is right, so the warnings are muted.
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
@@ -140,12 +157,6 @@ def export(model_dir: Path, out_path: Path) -> Path:
         cosines = np.concatenate([(got[: len(PROBES)] * want).sum(1), [float(got[-1] @ want[1])]])
         if float(cosines.min()) < MIN_PROBE_COSINE:
             raise RuntimeError(f"exported embedder disagrees with sentence-transformers: cosines {cosines.round(6)}")
-        # mkstemp makes it 0600: readable by every user, as another user may run the gateway than
-        # the one that exported (an image exports as root at build time).
-        tmp.chmod(0o644)
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     log.info("exported the embedding model to %s (probe cosine >= %.6f)", out_path, float(cosines.min()))
     return out_path
 
@@ -210,11 +221,7 @@ def quantize_graph(fp32_path: Path, out_path: Path) -> int:
 
 def quantize(model_dir: Path, fp32_path: Path, out_path: Path) -> Path:
     """The int8 graph of a float32 export, checked against it on the probes and renamed into place."""
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=out_path.name, suffix=".tmp", dir=out_path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with _replacing(out_path) as tmp:
         if quantize_graph(fp32_path, tmp) == 0:
             raise RuntimeError("no MatMul by a constant weight in the embedding graph: nothing to quantise")
         want = OnnxEncoder(model_dir, fp32_path, threads=1).encode(list(PROBES))
@@ -222,10 +229,6 @@ def quantize(model_dir: Path, fp32_path: Path, out_path: Path) -> Path:
         cosines = (got * want).sum(1)
         if float(cosines.min()) < MIN_INT8_PROBE_COSINE:
             raise RuntimeError(f"int8 embedder strays from float32: probe cosines {cosines.round(4)}")
-        tmp.chmod(0o644)
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     log.info("quantised the embedding model to int8 at %s (probe cosine >= %.4f)", out_path, float(cosines.min()))
     return out_path
 

@@ -22,13 +22,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from policies.cache.cross_encoder import BUNDLED_CROSS_ENCODER, CrossEncoder, meta_path
-from policies.cache.cross_encoder_train import GATES, average_precision, choose, fit_blend, previous_probabilities, score
-from policies.cache.verifier import PairText
+from policies.cache.cross_encoder_train import (
+    average_precision,
+    choose,
+    fit_blend,
+    previous_probabilities,
+    score,
+    selection_past_gate,
+)
 from policies.cache.verifier_data import EmbeddingCache, load_all
-from policies.cache.verify import VerifyConfig, mismatch
+from policies.cache.verify import VerifyConfig
 from policies.embedder import vector_space
 
 SOURCES = ("qqp", "stsb", "gptcache")
@@ -50,18 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = load_all(fp32)  # the same pairs and splits training used
     embed = EmbeddingCache(args.embeddings.with_name(f"{args.embeddings.stem}-{args.precision}.npz"), precision=args.precision)
     cfg = VerifyConfig.from_policy({})
-    selection = [p for p in pairs if p.split == "selection"]
-    cosine = np.einsum("ij,ij->i", embed([p.a for p in selection]), embed([p.b for p in selection]))
-    keep = cosine >= min(GATES)
-    selection, cosine = [p for p, k in zip(selection, keep) if k], cosine[keep]
-    texts: dict[str, PairText] = {}
-
-    def text(t: str) -> PairText:
-        return texts.get(t) or texts.setdefault(t, PairText(t, cfg))
-
-    vetoed = np.asarray([mismatch(text(p.a).features, text(p.b).features, cfg) is not None for p in selection])
-    y = np.asarray([p.label for p in selection])
-    source = np.asarray([p.source for p in selection])
+    selection, cosine, vetoed, y, source = selection_past_gate(pairs, embed, cfg)
     encoder = CrossEncoder(args.artifact)
     verifier = args.verifier or args.artifact.with_name(f"verifier-{args.precision}.npz")
     if verifier.parent != args.artifact.parent:

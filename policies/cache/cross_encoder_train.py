@@ -306,6 +306,28 @@ def previous_probabilities(pairs: Sequence[Pair], embed: EmbeddingCache, cfg: Ve
     return np.asarray(model.probabilities(x), dtype=np.float64)
 
 
+def selection_past_gate(
+    pairs: Sequence[Pair], embed: EmbeddingCache, cfg: VerifyConfig, limit: int | None = None
+) -> tuple[list[Pair], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The selection-split pairs past the loosest gate (cosines from `embed`'s vectors), with their
+    cosines, rule vetoes, labels and sources: what the blend is fitted and the policy chosen on."""
+    selection = [p for p in pairs if p.split == "selection"]
+    cosine = np.einsum("ij,ij->i", embed([p.a for p in selection]), embed([p.b for p in selection]))
+    keep = cosine >= min(GATES)
+    selection, cosine = [p for p, k in zip(selection, keep) if k], cosine[keep]
+    if limit:
+        selection, cosine = selection[:limit], cosine[:limit]
+    texts: dict[str, PairText] = {}
+
+    def text(t: str) -> PairText:
+        return texts.get(t) or texts.setdefault(t, PairText(t, cfg))
+
+    vetoed = np.asarray([mismatch(text(p.a).features, text(p.b).features, cfg) is not None for p in selection])
+    y = np.asarray([p.label for p in selection])
+    source = np.asarray([p.source for p in selection])
+    return selection, cosine, vetoed, y, source
+
+
 def fit_blend(logits: np.ndarray, cosine: np.ndarray, previous: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     """A logistic regression of the label on (logit, cosine, previous verifier's logit) over the pairs the verifier sees."""
     from sklearn.linear_model import LogisticRegression
@@ -423,21 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Selection: every selection pair past the loosest gate.
     cfg = VerifyConfig.from_policy({})
-    selection = [p for p in pairs if p.split == "selection"]
-    cosine = np.einsum("ij,ij->i", embed([p.a for p in selection]), embed([p.b for p in selection]))
-    keep = cosine >= min(GATES)
-    selection = [p for p, k in zip(selection, keep) if k]
-    cosine = cosine[keep]
-    if args.limit_selection:
-        selection, cosine = selection[: args.limit_selection], cosine[: args.limit_selection]
-    texts: dict[str, PairText] = {}
-
-    def text(t: str) -> PairText:
-        return texts.get(t) or texts.setdefault(t, PairText(t, cfg))
-
-    vetoed = np.asarray([mismatch(text(p.a).features, text(p.b).features, cfg) is not None for p in selection])
-    y = np.asarray([p.label for p in selection])
-    source = np.asarray([p.source for p in selection])
+    selection, cosine, vetoed, y, source = selection_past_gate(pairs, embed, cfg, args.limit_selection)
     # The full-split positives count for recall: pairs below the loosest gate are misses.
     all_sel = [p for p in pairs if p.split == "selection"]
     total_pos = {src: sum(1 for p in all_sel if p.source == src and p.label == 1) for src in SOURCES}
