@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_engine.settings import EdgeSettings
+from policies.embedder import SERVING_PRECISION
 from policies.policy import _deep_merge
 
 
@@ -160,7 +161,7 @@ class EmbedderSettings(_Strict):
     cache_dir: Path | None = Field(None, description="where the exported graph is kept (null: ~/.cache/tierlane/models)")
     threads: int | None = Field(1, ge=1, description="intra-op threads of the backend (null: its default)")
     precision: Literal["fp32", "int8"] = Field(
-        "int8",
+        SERVING_PRECISION,
         description="int8: every matmul by a weight in int8 (activations per token: a vector does not depend on its "
         "batch), about half the CPU; the router and edge prior read it within 0.01 of float32, the cache with its "
         "verifier refitted for it (bench/results/embedding_precision.json); fp32: the vectors the readers were fitted on",

@@ -8,7 +8,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "encode",
     "load_encoder",
     "load_sentence_model",
+    "SERVING_PRECISION",
     "vector_space",
 ]
 
@@ -44,6 +45,11 @@ def _as_encoder(model: SentenceTransformer | SentenceEncoder) -> SentenceEncoder
     if type(model).__module__.startswith("sentence_transformers"):
         return TorchEncoder(model)  # type: ignore[arg-type]
     return model  # type: ignore[return-value]
+
+
+# The gateway's default (embedder.precision): its readers' held-out figures on it are in
+# bench/results/embedding_precision.json. Fitting reads float32 (load_encoder's default).
+SERVING_PRECISION: Final = "int8"
 
 
 def vector_space(precision: str = "fp32") -> str:

@@ -124,9 +124,11 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
     default backend, then `decide` with their cosine (gate, rule vetoes, cross-encoder), as a lookup decides.
     """
     from policies.cache.scope import normalise
-    from policies.embedder import load_encoder
+    from policies.embedder import SERVING_PRECISION, load_encoder, vector_space
 
-    encoder = load_encoder()  # the backend the gateway runs by default
+    # the backend and precision the gateway runs by default, read with the verifier fitted for them
+    encoder = load_encoder(precision=SERVING_PRECISION)
+    space = vector_space(SERVING_PRECISION)
     errors = 0
     pending: list[tuple[str, str]] = []
 
@@ -137,7 +139,8 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
         va = encoder.encode([a for a, _ in texts])
         vb = encoder.encode([b for _, b in texts])
         for (a, b), x, y in zip(texts, va, vb):
-            d = decide(float(x @ y), a, b, threshold=config.threshold, checks=config.verify, query_vector=x, candidate_vector=y)
+            d = decide(float(x @ y), a, b, threshold=config.threshold, checks=config.verify, query_vector=x, candidate_vector=y,
+                       space=space)  # fmt: skip
             probability = None if d.probability is None else round(d.probability, 4)
             out.write(json.dumps({"hit": d.hit, "similarity": round(d.similarity, 4), "probability": probability,
                                   "reason": d.reason}) + "\n")  # fmt: skip

@@ -58,6 +58,7 @@ class RouteStage:
         pool_model: Callable[[str | None], str | None],
         capabilities: EdgeCapabilities | None = None,
         cascade: Cascade | None = None,
+        fallback_precision: str = "fp32",
     ) -> None:
         self.router = router
         self.policy = policy
@@ -72,6 +73,8 @@ class RouteStage:
         # NOTE: only used without a shared embedder; one thread owns the fallback model.
         self._executor: ThreadPoolExecutor | None = None
         self._fallback_encoder: Any = None
+        # the configured embedder.precision: the cache may store the fallback's vector
+        self.fallback_precision = fallback_precision
 
     def available(self, lane: str) -> bool:
         if lane != "edge":
@@ -222,7 +225,7 @@ class RouteStage:
         from policies.embedder import load_encoder
 
         if self._fallback_encoder is None:
-            self._fallback_encoder = load_encoder()
+            self._fallback_encoder = load_encoder(precision=self.fallback_precision)
         return np.asarray(self._fallback_encoder.encode([text])[0], dtype=np.float32)
 
     def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
@@ -310,4 +313,5 @@ def build(services: Services) -> RouteStage | None:
         pool_model=pool.default_model if has_upstreams else _no_model,
         capabilities=EdgeCapabilities(services.engine) if services.engine is not None else None,
         cascade=services.cascade,
+        fallback_precision=getattr(getattr(getattr(services, "settings", None), "embedder", None), "precision", "fp32"),
     )

@@ -172,7 +172,8 @@ def decide(
     checks: VerifyConfig,
     query_vector: np.ndarray | None = None,
     candidate_vector: np.ndarray | None = None,
+    space: str | None = None,
 ) -> Decision:
     """The decision for one candidate (`decide_many` with one)."""
     return decide_many(query, [(similarity, candidate, candidate_vector)], threshold=threshold, checks=checks,
-                       query_vector=query_vector)[0]  # fmt: skip
+                       query_vector=query_vector, space=space)[0]  # fmt: skip

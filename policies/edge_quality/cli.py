@@ -98,11 +98,11 @@ async def _ask(calibration: Any, model: Path, question: str, max_tokens: int | N
     from edge_engine import EdgeEngine
     from policies.cache.scope import embedding_text
     from policies.edge_quality.runner import MAX_TOKENS, engine_settings, sampling
-    from policies.embedder import load_encoder
+    from policies.embedder import SERVING_PRECISION, load_encoder
 
     messages = [{"role": "user", "content": question}]
     text = embedding_text({"messages": messages}) or ""
-    vector = load_encoder().encode([text])[0]
+    vector = load_encoder(precision=SERVING_PRECISION).encode([text])[0]  # the vector the gateway computes
     prior = calibration.prior(text, vector)
     engine = EdgeEngine(engine_settings(model, threads=1, slots=1))
     await engine.start()

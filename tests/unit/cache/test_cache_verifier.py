@@ -255,6 +255,16 @@ def test_cache_match_reports_the_gateway_decision(sentence_encoder: Any) -> None
     assert match_lines(lines, out, CacheConfig.from_section({})) == 1
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     config = CacheConfig.from_section({})
+    # the gateway's default precision, read with the verifier and blend fitted for it
+    from policies.cache.scope import normalise
+    from policies.embedder import SERVING_PRECISION, load_encoder, vector_space
+
+    x, y = load_encoder(precision=SERVING_PRECISION).encode([normalise("How do I convert Celsius to Fahrenheit?"),
+                                                             normalise("How do I convert Celsius to Fahrenheit")])  # fmt: skip
+    assert rows[0]["similarity"] == round(float(x @ y), 4)
+    want = decide(float(x @ y), normalise("How do I convert Celsius to Fahrenheit?"), normalise("How do I convert Celsius to Fahrenheit"),
+                  threshold=config.threshold, checks=config.verify, query_vector=x, candidate_vector=y, space=vector_space(SERVING_PRECISION))  # fmt: skip
+    assert want.probability is not None and rows[0]["probability"] == round(want.probability, 4)
     assert rows[0]["probability"] is not None
     assert rows[0]["hit"] is (rows[0]["probability"] >= round(config.verify.min_probability, 4))
     assert rows[1]["hit"] is False and rows[1]["reason"] == "threshold"

@@ -136,5 +136,10 @@ def test_build_from_services(shipped_router: Router) -> None:
     assert isinstance(built, RouteStage) and built.name == "route"
     assert (built.edge_available, built.upstream_available) == (False, False)
     assert built.edge_model == settings.edge.model_name
+    # without a shared embedder the stage embeds itself, at the configured precision: the cache may store that vector
+    assert built.fallback_precision == settings.embedder.precision == "int8"
+    fp32 = Settings.model_validate({"embedder": {"precision": "fp32"}})
+    built = build(Services(settings=fp32, policy=Policy.load(), pool=UpstreamPool(fp32), router=shipped_router))
+    assert isinstance(built, RouteStage) and built.fallback_precision == "fp32"
     services.policy = Policy.load(extra={"router": {"enabled": False}})
     assert build(services) is None
