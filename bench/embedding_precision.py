@@ -49,12 +49,11 @@ sys.path.insert(0, str(REPO))
 
 from bench._harness import machine  # noqa: E402
 from bench._verdicts import verdicts  # noqa: E402
-from policies.embedder import load_encoder  # noqa: E402
+from policies.embedder import PRECISIONS, load_encoder  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 TOLERANCE = 0.01
 PARTS = ("cost", "router", "edge", "cache", "gateway")
-PRECISIONS = ("fp32", "int8")
 
 
 def encoders(threads: int | None = 1) -> dict[str, Any]:
@@ -176,8 +175,7 @@ def _pair_figures(embeddings: Path, min_probability: float) -> dict[str, Any]:
     out: dict[str, Any] = {"test_pairs": len(pairs), "positives": int(y.sum()), "gate": gate, "min_probability": min_probability}
     for precision in PRECISIONS:
         space = vector_space(precision)
-        embed = fp32 if precision == "fp32" else EmbeddingCache(embeddings.with_name(f"{embeddings.stem}-{precision}.npz"),
-                                                                  precision=precision)  # fmt: skip
+        embed = fp32 if precision == "fp32" else EmbeddingCache.for_precision(embeddings, precision)
         cos = np.einsum("ij,ij->i", embed([p.a for p in pairs]), embed([p.b for p in pairs]))
         previous = previous_probabilities(pairs, embed, cfg, encoder.previous_verifier_for(space))
         hit = (cos >= gate) & ~vetoed & (encoder.calibrate(logits, cos, previous, space) >= min_probability)

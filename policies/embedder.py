@@ -33,6 +33,7 @@ __all__ = [
     "encode",
     "load_encoder",
     "load_sentence_model",
+    "PRECISIONS",
     "SERVING_PRECISION",
     "vector_space",
 ]
@@ -50,6 +51,7 @@ def _as_encoder(model: SentenceTransformer | SentenceEncoder) -> SentenceEncoder
 # The gateway's default (embedder.precision): its readers' held-out figures on it are in
 # bench/results/embedding_precision.json. Fitting reads float32 (load_encoder's default).
 SERVING_PRECISION: Final = "int8"
+PRECISIONS = ("fp32", "int8")
 
 
 def vector_space(precision: str = "fp32") -> str:
@@ -79,8 +81,8 @@ def load_encoder(
     """
     if backend not in ("onnx", "torch"):
         raise ValueError(f"unknown embedding backend {backend!r}: expected 'onnx' or 'torch'")
-    if precision not in ("fp32", "int8"):
-        raise ValueError(f"unknown embedding precision {precision!r}: expected 'fp32' or 'int8'")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown embedding precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if backend == "torch" and precision != "fp32":
         raise ValueError("the torch embedding backend runs float32 only: set precision fp32 or backend onnx")
     model_dir = Path(model_path) if model_path is not None else bundled_model_path()

@@ -50,7 +50,6 @@ PROBES = (
 # An int8 graph must stay this close to the float32 one on every probe (cosine; measured 0.993 at
 # worst over 300 STS-B sentences, 0.997 median).
 MIN_INT8_PROBE_COSINE = 0.98
-PRECISIONS = ("fp32", "int8")
 # Bump when the quantisation recipe changes.
 INT8_RECIPE = "int8-per-token-activations-per-column-weights-v1"
 # Texts of similar length are encoded together: padding a 5-token text to 200 wastes the work.
@@ -81,7 +80,7 @@ def onnx_path_for(model_dir: Path, cache_dir: Path, precision: str = "fp32") -> 
     if precision == "int8":
         recipe = hashlib.sha256(INT8_RECIPE.encode()).hexdigest()[:8]
         return Path(cache_dir) / f"minilm-{digest}-int8-{recipe}.onnx"
-    raise ValueError(f"unknown embedding precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    raise ValueError(f"unknown embedding precision {precision!r}: expected fp32 or int8")
 
 
 @contextlib.contextmanager
@@ -290,21 +289,26 @@ class OnnxEncoder:
         return out
 
 
-def _load_or_make(model_dir: Path, path: Path, make: Any, threads: int | None, precision: str) -> OnnxEncoder:
-    if path.exists():
-        try:
-            return OnnxEncoder(model_dir, path, threads=threads, precision=precision)
-        except Exception as exc:  # noqa: BLE001 - a damaged file is replaced, not trusted
-            log.warning("cached embedding graph %s does not load (%s); making it again", path, exc)
-            path.unlink(missing_ok=True)
-    make(path)
-    return OnnxEncoder(model_dir, path, threads=threads, precision=precision)
+def _load(model_dir: Path, path: Path, threads: int | None, precision: str) -> OnnxEncoder | None:
+    """The graph cached at `path`, or None when there is none or it does not load (then it is removed)."""
+    if not path.exists():
+        return None
+    try:
+        return OnnxEncoder(model_dir, path, threads=threads, precision=precision)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is replaced, not trusted
+        log.warning("cached embedding graph %s does not load (%s); making it again", path, exc)
+        path.unlink(missing_ok=True)
+        return None
 
 
 def load_onnx_encoder(model_dir: Path, cache_dir: Path, threads: int | None = 1, precision: str = "fp32") -> OnnxEncoder:
     """The cached graph for these weights and this precision, exporting (and quantising) it first when there is none."""
-    fp32 = _load_or_make(model_dir, onnx_path_for(model_dir, cache_dir), lambda p: export(model_dir, p), threads, "fp32")
-    if precision == "fp32":
-        return fp32
-    return _load_or_make(model_dir, onnx_path_for(model_dir, cache_dir, precision),
-                         lambda p: quantize(model_dir, fp32.path, p), threads, precision)  # fmt: skip
+    path = onnx_path_for(model_dir, cache_dir, precision)
+    if (cached := _load(model_dir, path, threads, precision)) is not None:
+        return cached  # NOTE: an int8 start opens no float32 session
+    fp32_path = onnx_path_for(model_dir, cache_dir)
+    if precision == "fp32" or _load(model_dir, fp32_path, 1, "fp32") is None:
+        export(model_dir, fp32_path)
+    if precision != "fp32":
+        quantize(model_dir, fp32_path, path)
+    return OnnxEncoder(model_dir, path, threads=threads, precision=precision)

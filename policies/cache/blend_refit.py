@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     space = vector_space(args.precision)
     fp32 = EmbeddingCache(args.embeddings)
     pairs = load_all(fp32)  # the same pairs and splits training used
-    embed = EmbeddingCache(args.embeddings.with_name(f"{args.embeddings.stem}-{args.precision}.npz"), precision=args.precision)
+    embed = EmbeddingCache.for_precision(args.embeddings, args.precision)
     cfg = VerifyConfig.from_policy({})
     selection, cosine, vetoed, y, source = selection_past_gate(pairs, embed, cfg)
     encoder = CrossEncoder(args.artifact)

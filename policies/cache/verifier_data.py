@@ -224,6 +224,13 @@ class EmbeddingCache:
                 self.vectors = dict(zip(names, data["vectors"]))
         self._encoder: object | None = None
 
+    @classmethod
+    def for_precision(cls, fp32_path: Path, precision: str) -> EmbeddingCache:
+        """The cache of `precision`'s vectors: `fp32_path` itself, or a file beside it named for the precision."""
+        if precision == "fp32":
+            return cls(fp32_path)
+        return cls(fp32_path.with_name(f"{fp32_path.stem}-{precision}.npz"), precision=precision)
+
     def __call__(self, texts: list[str]) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in self.vectors]
         if missing:

@@ -38,7 +38,7 @@ import numpy as np
 from policies.cache.verifier import BUNDLED, FORMAT, LEXICAL_NAMES, PairText, VerifierModel, pair_vector
 from policies.cache.verifier_data import SPLITS, STSB_POSITIVE_MIN, EmbeddingCache, Pair, load_all
 from policies.cache.verify import VerifyConfig, mismatch
-from policies.embedder import vector_space
+from policies.embedder import PRECISIONS, vector_space
 
 DEFAULT_EMBEDDINGS = Path("/tmp/tierlane_verifier/emb.npz")
 SOURCES = ("qqp", "stsb", "gptcache")
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.82, help="the policy's cosine threshold")
     parser.add_argument("--augment", action="store_true", help="add train-only repeats and light edits (verifier_data.augment)")
     parser.add_argument("--matrix", type=Path, help="reuse (or write) the pair matrix here (a pickle, for development)")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"],
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="the embedder precision whose vectors the verifier reads (pairs are built from float32 ones "
                              "either way, so both precisions train on the same pairs); int8 keeps its vectors in "
                              "<embeddings>-int8.npz")  # fmt: skip
@@ -240,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         embed = EmbeddingCache(args.embeddings)
         pairs = load_all(embed, with_augment=args.augment)
-        if args.precision != "fp32":
-            embed = EmbeddingCache(args.embeddings.with_name(f"{args.embeddings.stem}-{args.precision}.npz"),
-                                   precision=args.precision)  # fmt: skip
-        m = build(pairs, embed, cfg)
+        m = build(pairs, EmbeddingCache.for_precision(args.embeddings, args.precision), cfg)
         if args.matrix is not None:
             args.matrix.write_bytes(pickle.dumps(m))
     # Fitted where the decision is hard: pairs near or past the cosine threshold.

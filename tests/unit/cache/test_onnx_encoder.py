@@ -102,6 +102,10 @@ def test_int8_graph_is_quantised_from_the_float32_export_checked_and_reused(sent
     again = load_encoder("onnx", cache_dir=tmp_path, precision="int8")
     assert again.path == path and path.stat().st_mtime_ns == before
     assert np.allclose(again.encode(TEXTS[:2]), got[:2], atol=1e-5)
+    # a start with the int8 graph cached reads nothing else: the float32 export is neither opened nor made
+    onnx_path_for(bundled_model_path(), tmp_path).unlink()
+    assert load_encoder("onnx", cache_dir=tmp_path, precision="int8").path == path
+    assert not onnx_path_for(bundled_model_path(), tmp_path).exists()
 
 
 def test_unknown_precision_and_int8_torch_are_rejected() -> None:
