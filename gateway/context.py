@@ -51,6 +51,11 @@ class RequestContext:
     headers: Mapping[str, str]
     principal: Principal
     model: str  # the model name the client asked for (after the settings' model_aliases)
+    client_model: str | None = None  # the model name exactly as the client sent it: what its answers carry
+    # One conversation's key (an agent session: prompt_cache_key, Codex's session id, a
+    # previous_response_id chain, Anthropic's metadata.user_id session); attribution and affinity
+    # only, never a cache key, and always within the request's tenant.
+    session: str | None = None
     stream: bool = False
     api: Api = "chat"  # the wire API it came in through (attribution: spans and the ledger)
     received_at: float = field(default_factory=time.perf_counter)

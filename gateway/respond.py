@@ -131,6 +131,8 @@ def answer_headers(ctx: RequestContext, extra: dict[str, str] | None = None) -> 
     }
     if ctx.cache_status != "off":
         headers["x-tierlane-cache"] = ctx.cache_status
+    if ctx.target_model is not None:
+        headers["x-tierlane-model"] = ctx.target_model  # what the lane was asked for (answers carry the client's name)
     headers.update(ctx.response_headers)
     if extra:
         headers.update(extra)

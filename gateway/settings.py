@@ -245,6 +245,16 @@ class ResponsesSettings(_Strict):
     ttl_s: float = Field(30 * 86400.0, gt=0, description="a stored response is deleted this long after it was made")
 
 
+class ApisSettings(_Strict):
+    """What the front doors (Messages, Responses) do with fields a chat upstream cannot take."""
+
+    unknown_fields: Literal["drop", "reject"] = Field(
+        "drop", description="a field the gateway does not know (a newer client's): drop it and record its name, or 400")
+    hosted_tools: Literal["drop", "reject"] = Field(
+        "drop", description="a tool the provider runs (web_search, file_search, code_interpreter, mcp, ...): drop it "
+        "and record it (the model does not call it), or 400")
+
+
 class Settings(_Strict):
     """Everything the gateway is configured with."""
 
@@ -258,6 +268,7 @@ class Settings(_Strict):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     state: StateSettings = Field(default_factory=StateSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    apis: ApisSettings = Field(default_factory=ApisSettings)
     model_aliases: dict[str, str] = Field(
         default_factory=dict,
         description="client model name (globs: * ? [..]) -> auto, a lane's model or an upstream model; "
@@ -386,6 +397,15 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out.setdefault("edge", {})["model_path"] = env["TIERLANE_EDGE_MODEL_PATH"]
     if "TIERLANE_EMBEDDER_CACHE_DIR" in env:
         out["embedder"] = {"cache_dir": env["TIERLANE_EMBEDDER_CACHE_DIR"]}
+    if env.get("TIERLANE_MODEL_ALIASES"):
+        # "claude-*=auto,gpt-5*=auto": the coding agents' model names onto what the gateway serves
+        aliases = {}
+        for pair in env["TIERLANE_MODEL_ALIASES"].split(","):
+            name, sep, target = pair.partition("=")
+            if not sep or not name.strip() or not target.strip():
+                raise ValueError(f"TIERLANE_MODEL_ALIASES: {pair.strip()!r} is not NAME=TARGET")
+            aliases[name.strip()] = target.strip()
+        out["model_aliases"] = aliases
     if env.get("TIERLANE_UPSTREAM_URL"):
         models = [m.strip() for m in env.get("TIERLANE_UPSTREAM_MODELS", "*").split(",") if m.strip()]
         out["upstreams"] = [

@@ -325,6 +325,7 @@ class Telemetry:
             lane=ctx.lane,
             model=ctx.target_model or ctx.model,
             requested_model=ctx.model,
+            session=ctx.session,
             operation=ctx.operation,
             stream=ctx.stream,
             input_tokens=usage.input_tokens,

@@ -98,6 +98,8 @@ class LedgerRow:
     # a semantic hit's score where the cache's error bound applies to it: the verifier's
     # probability, or the cosine with the verifier off (policies/cache/error_bound.py)
     cache_score: float | None = None
+    # one conversation's key (an agent session, a Responses chain), within the tenant; NULL when none
+    session: str | None = None
 
     @property
     def day(self) -> str:
@@ -145,7 +147,8 @@ CREATE TABLE IF NOT EXISTS requests (
     tier TEXT,
     saved_vs_strong REAL,
     saved_vs_named REAL,
-    cache_score REAL
+    cache_score REAL,
+    session TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -167,6 +170,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "saved_vs_strong": "REAL",
     "saved_vs_named": "REAL",
     "cache_score": "REAL",
+    "session": "TEXT",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

@@ -31,6 +31,9 @@ class MeteredRequest(Protocol):
     def api(self) -> str: ...  # the wire API (attribution only)
 
     @property
+    def session(self) -> str | None: ...  # one conversation's key within the tenant (attribution only)
+
+    @property
     def body(self) -> dict[str, Any]: ...
 
     @property

@@ -10,12 +10,16 @@ import orjson
 from aiohttp import web
 
 from gateway import protocol
+from gateway.apis.field_policy import DROPPED_HEADER, Dropped, header_value
 from gateway.context import Api, RequestContext, Usage
 from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.routes.openai import read_body
 
 # The span attribute that lists the fields a front door accepted but could not pass on.
 DROPPED_ATTRIBUTE = "tierlane.dropped_fields"
+SESSION_ATTRIBUTE = "tierlane.session"
+# A client may name its conversation itself (any API); the front doors also read their own fields.
+SESSION_HEADER = "x-tierlane-session"
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -23,7 +27,26 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return protocol.parse_body(await read_body(request, request.app[SETTINGS].server.max_body_bytes))
 
 
-def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: Iterable[str] = ()) -> RequestContext:
+def field_record(request: web.Request) -> Dropped:
+    """An empty record of dropped fields under the operator's `apis` policy."""
+    apis = request.app[SETTINGS].apis
+    return Dropped(unknown_fields=apis.unknown_fields, hosted_tools=apis.hosted_tools)
+
+
+# The longest session key kept (a client's id may be anything; the ledger keeps this much).
+MAX_SESSION_CHARS = 200
+
+
+def session_key(*candidates: Any) -> str | None:
+    """The first non-empty string of `candidates`, cut to MAX_SESSION_CHARS."""
+    for value in candidates:
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_SESSION_CHARS]
+    return None
+
+
+def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: Dropped | Iterable[str] = (),
+                 session: str | None = None) -> RequestContext:
     """The context of a translated request: `body` is a chat-completions body, validated as one."""
     wire = protocol.validate("chat", body, max_n=request.app[SETTINGS].server.max_n)
     ctx = RequestContext(
@@ -37,10 +60,15 @@ def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: 
         api=api,
         received_at=request[RECEIVED_AT],
         request=wire,
+        client_model=wire.model,
+        session=session or session_key(request.headers.get(SESSION_HEADER)),
     )
-    names = sorted(set(dropped))
+    names = sorted(set(dropped.names if isinstance(dropped, Dropped) else dropped))
     if names:
         ctx.attributes[DROPPED_ATTRIBUTE] = ",".join(names)
+        ctx.response_headers[DROPPED_HEADER] = header_value(names)
+    if ctx.session is not None:
+        ctx.attributes[SESSION_ATTRIBUTE] = ctx.session
     return ctx
 
 

@@ -14,7 +14,17 @@ import orjson
 from aiohttp import web
 
 from gateway import protocol
-from gateway.apis.common import answer_usage, chat_context, first_choice, new_id, read_json, sse, tool_calls
+from gateway.apis.common import (
+    answer_usage,
+    chat_context,
+    field_record,
+    first_choice,
+    new_id,
+    read_json,
+    session_key,
+    sse,
+    tool_calls,
+)
 from gateway.apis.messages_wire import CountTokensRequest, MessagesRequest, to_chat
 from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError
@@ -63,7 +73,7 @@ def to_message(ctx: RequestContext, body: dict[str, Any], message_id: str) -> di
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "model": body.get("model") or ctx.model,
+        "model": ctx.client_model or body.get("model") or ctx.model,
         "content": content,
         "stop_reason": STOP_REASONS.get(reason or "stop", "end_turn"),
         "stop_sequence": None,
@@ -88,7 +98,8 @@ class MessagesEncoder:
         self.started = True
         usage = usage_block(self.ctx.usage or Usage())  # known at once only for cache hits
         usage["output_tokens"] = 0
-        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": model or self.ctx.model, "content": [],
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant",
+                                   "model": self.ctx.client_model or model or self.ctx.model, "content": [],
                    "stop_reason": None, "stop_sequence": None, "usage": usage}
         return sse("message_start", {"type": "message_start", "message": message})
 
@@ -108,6 +119,8 @@ class MessagesEncoder:
         native = chunk.get("native")
         if native is not None:  # an upstream serving the Messages API: its own events, as they come
             self.native = True
+            if native.get("type") == "message_start" and isinstance(native.get("message"), dict) and self.ctx.client_model:
+                native = {**native, "message": {**native["message"], "model": self.ctx.client_model}}
             return sse(str(native.get("type")), native)
         out = [] if self.started else [self._start(chunk.get("model"))]
         for choice in chunk.get("choices") or ():
@@ -180,10 +193,24 @@ def render_error(err: GatewayError, request_id: str) -> bytes:
 # Handlers ----------------------------------------------------------------------------------
 
 
+def _session(req: MessagesRequest) -> str | None:
+    """Anthropic's `metadata.user_id`; Claude Code puts a JSON object with its `session_id` there."""
+    user_id = req.metadata.user_id if req.metadata is not None else None
+    if user_id is not None and user_id.startswith("{"):
+        try:
+            value = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict) and session_key(value.get("session_id")):
+            return session_key(value.get("session_id"))
+    return session_key(user_id)
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
     raw = await read_json(request)
-    body, dropped = to_chat(protocol.check(MessagesRequest, raw), raw)
-    ctx = chat_context(request, body, "messages", dropped)
+    req = protocol.check(MessagesRequest, raw)
+    body, dropped = to_chat(req, raw, field_record(request))
+    ctx = chat_context(request, body, "messages", dropped, session=_session(req))
     ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
     ctx.native_body = raw  # for an upstream that serves the Messages API itself
     return await serve(request, ctx, WIRE)
@@ -191,7 +218,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.Response:
     raw = await read_json(request)
-    body, _ = to_chat(protocol.check(CountTokensRequest, raw), raw)
+    body, _ = to_chat(protocol.check(CountTokensRequest, raw), raw, field_record(request))
     services = request.app.get(SERVICES)
     telemetry = services.telemetry if services is not None else None
     if telemetry is not None:

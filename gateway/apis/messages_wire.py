@@ -8,13 +8,16 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from gateway import protocol
+from gateway.apis.field_policy import Dropped, KnownFields
 from gateway.errors import InvalidRequest
 
-# NOTE: strict like gateway.protocol: a wrong type is a 400 naming the parameter. Unknown
-# top-level fields are refused (their meaning would be lost); the few below that do not change
-# what the answer means are accepted, dropped and recorded on the span.
+# NOTE: strict like gateway.protocol: a wrong type is a 400 naming the parameter. A field the
+# gateway does not know is dropped and recorded (apis.unknown_fields: drop, the default) or refused
+# (reject); the known fields below that do not change what the answer means are dropped and recorded.
 DROPPED_FIELDS = ("thinking", "context_management", "service_tier", "inference_geo", "cache_control", "diagnostics",
                   "speed", "user_profile_id", "workspace_id")
+# Fields that ask the provider to run something (a code container, MCP servers): the hosted-tools policy.
+HOSTED_FIELDS = ("container", "mcp_servers")
 Number = protocol.Number
 
 
@@ -22,8 +25,10 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Closed(KnownFields):
+    """Every field known: any other is a newer client's, dropped and recorded (field_policy)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class _Block(_Open):
@@ -83,7 +88,9 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
 
 
 class Message(_Closed):
-    role: Literal["user", "assistant"]
+    # `system` entries (per-turn instructions, Claude Code's per-turn-control beta) become system
+    # messages at their place in the chat conversation
+    role: Literal["user", "assistant", "system"]
     content: StrictStr | list[Block]
 
 
@@ -93,6 +100,7 @@ class Tool(_Open):
     description: StrictStr | None = None
     input_schema: dict[str, Any] | None = None
     cache_control: dict[str, Any] | None = None
+    defer_loading: StrictBool | None = None  # tool search's "load on demand": the chat model gets every tool
 
 
 class ToolChoice(_Closed):
@@ -141,6 +149,9 @@ class _Prompt(_Closed):
     speed: StrictStr | None = None
     user_profile_id: StrictStr | None = None
     workspace_id: StrictStr | None = None
+    # the hosted-tools policy (HOSTED_FIELDS)
+    container: StrictStr | dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
 
 
 class MessagesRequest(_Prompt):
@@ -158,16 +169,26 @@ class CountTokensRequest(_Prompt):
     pass
 
 
-def to_chat(req: _Prompt, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def to_chat(req: _Prompt, raw: dict[str, Any], record: Dropped | None = None) -> tuple[dict[str, Any], list[str]]:
     """The chat-completions body that asks what `req` asks, and the fields it dropped.
 
     `raw` is the body `req` was validated from: numbers are passed on as the client wrote them
-    (`0` stays `0`, not `0.0`), so the cache key equals that of the same chat request.
+    (`0` stays `0`, not `0.0`), so the cache key equals that of the same chat request. `record`
+    (the operator's field policy; drop by default) collects the dropped names.
     """
-    dropped = [name for name in DROPPED_FIELDS if getattr(req, name, None) is not None]
+    dropped = Dropped() if record is None else record
+    dropped.unknown(req)
+    for name in DROPPED_FIELDS:
+        if getattr(req, name, None) is not None:
+            dropped.add(name)
+    for name in HOSTED_FIELDS:
+        if getattr(req, name, None) is not None:
+            dropped.hosted(name, name, name=name)
     config = getattr(req, "output_config", None)
     if config is not None:
-        dropped.extend(f"output_config.{name}" for name in ("effort", *(config.model_extra or {})) if getattr(config, name, None) is not None)
+        for name in ("effort", *(config.model_extra or {})):
+            if getattr(config, name, None) is not None:
+                dropped.add(f"output_config.{name}")
     marks = False
     messages: list[dict[str, Any]] = []
     if req.system is not None:
@@ -183,15 +204,19 @@ def to_chat(req: _Prompt, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str
             continue
         marks = marks or any(getattr(b, "cache_control", None) is not None for b in message.content)
         if any(isinstance(b, ThinkingBlock) for b in message.content):
-            dropped.append("thinking_blocks")
+            dropped.add("thinking_blocks")
         if message.role == "assistant":
             messages.append(_assistant(message.content, f"messages[{i}].content"))
+        elif message.role == "system":
+            messages.append(_system(message.content, f"messages[{i}].content"))
         else:
             messages.extend(_user(message.content, f"messages[{i}].content"))
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if req.tools:
         marks = marks or any(tool.cache_control is not None for tool in req.tools)
-        body["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(req.tools)]
+        tools = [_tool(tool, f"tools[{i}]", dropped) for i, tool in enumerate(req.tools)]
+        if any(tools):
+            body["tools"] = [tool for tool in tools if tool is not None]
     if req.tool_choice is not None:
         choice = req.tool_choice
         body["tool_choice"] = (
@@ -201,10 +226,10 @@ def to_chat(req: _Prompt, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str
         if choice.disable_parallel_tool_use:
             body["parallel_tool_calls"] = False
     if marks:
-        dropped.append("cache_control")
+        dropped.add("cache_control")
     if isinstance(req, MessagesRequest):
         _sampling(req, raw, body)
-    return body, dropped
+    return body, list(dropped.names)
 
 
 def _sampling(req: MessagesRequest, raw: dict[str, Any], body: dict[str, Any]) -> None:
@@ -226,14 +251,13 @@ def _sampling(req: MessagesRequest, raw: dict[str, Any], body: dict[str, Any]) -
         body["stream_options"] = {"include_usage": True}
 
 
-def _tool(tool: Tool, param: str) -> dict[str, Any]:
+def _tool(tool: Tool, param: str, dropped: Dropped) -> dict[str, Any] | None:
+    """A client tool as a chat function tool; a server tool (run by the provider) goes by the hosted-tools policy."""
     if tool.type not in (None, "custom"):
-        raise InvalidRequest(
-            f"the gateway cannot run the server tool {tool.type!r} ({tool.name!r}); send client tools "
-            "(name, description, input_schema) and run them yourself",
-            param=f"{param}.type",
-            code="unsupported_tool",
-        )
+        dropped.hosted(tool.type or "", f"{param}.type")
+        return None
+    if tool.defer_loading is not None:
+        dropped.add("tools.defer_loading")
     if tool.input_schema is None:
         raise InvalidRequest(f"tool {tool.name!r} needs an `input_schema`", param=f"{param}.input_schema")
     function: dict[str, Any] = {"name": tool.name}
@@ -254,10 +278,21 @@ def _assistant(blocks: list[Any], param: str) -> dict[str, Any]:
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         elif not isinstance(block, ThinkingBlock):
             raise InvalidRequest(f"an assistant turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    # a string even beside tool calls: many self-hosted chat templates cannot render a null content
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def _system(blocks: list[Any], param: str) -> dict[str, Any]:
+    """A `system` entry inside `messages`: its text blocks as one system message, in place."""
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        if not isinstance(block, TextBlock):
+            raise InvalidRequest(f"a system entry carries text blocks only, not {block.type}", param=f"{param}[{j}].type")
+        texts.append(block.text)
+    return {"role": "system", "content": "\n".join(texts)}
 
 
 def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
@@ -275,9 +310,15 @@ def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
             raise InvalidRequest(f"a user turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
     if not parts:
         return results
-    # a turn that is one text block asks what the same text as a string asks (one cache entry)
-    content: str | list[dict[str, Any]] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
-    return [*results, {"role": "user", "content": content}]
+    return [*results, {"role": "user", "content": text_or_parts(parts)}]
+
+
+def text_or_parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text-only content as one string (what every self-hosted chat template takes, and what the
+    same text sent as a string asks: one cache entry); content with images stays an array."""
+    if all(part["type"] == "text" for part in parts):
+        return "\n".join(part["text"] for part in parts)
+    return parts
 
 
 def _tool_result(block: ToolResultBlock, param: str) -> dict[str, Any]:

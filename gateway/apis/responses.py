@@ -16,12 +16,22 @@ from typing import Any
 from aiohttp import web
 
 from gateway import protocol
-from gateway.apis.common import answer_usage, chat_context, first_choice, new_id, read_json, sse
+from gateway.apis.common import (
+    SESSION_HEADER,
+    answer_usage,
+    chat_context,
+    field_record,
+    first_choice,
+    new_id,
+    read_json,
+    session_key,
+    sse,
+)
 from gateway.apis.response_store import ResponseStore, StoreFailed
+from gateway.apis.responses_tools import ToolSet
 from gateway.apis.responses_wire import (
     ResponsesRequest,
     call_item,
-    call_item_id,
     envelope,
     input_items,
     message_item,
@@ -29,7 +39,7 @@ from gateway.apis.responses_wire import (
     output_items,
     output_text,
     status_of,
-    to_chat,
+    translate,
     usage_block,
 )
 from gateway.context import RequestContext
@@ -49,26 +59,28 @@ class Turn:
     inputs: list[dict[str, Any]]  # this request's input items
     context: list[dict[str, Any]]  # the items of the conversation before them
     store: ResponseStore | None  # None: store false, nothing is kept
-    model: str = ""
+    model: str = ""  # the model name the client asked for: what the Response carries
+    tools: ToolSet = field(default_factory=ToolSet)  # chat tool name -> the client's tool (custom, namespaced, ...)
+    session: str | None = None
 
     def response(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
         """The whole Response for a chat answer."""
         _, reason = first_choice(body)
         status, details = status_of(reason)
-        out = envelope(self.req, self.id, self.created_at, str(body.get("model") or self.model or ctx.model))
-        out.update(status=status, incomplete_details=details, output=output_items(self.id, body),
+        out = envelope(self.req, self.id, self.created_at, self.model or ctx.client_model or ctx.model)
+        out.update(status=status, incomplete_details=details, output=output_items(self.id, body, self.tools),
                    usage=usage_block(answer_usage(ctx, body)))
         return out
 
     async def keep(self, response: dict[str, Any]) -> None:
         if self.store is not None:
-            record = {"response": response, "input": self.inputs, "context": self.context}
+            record = {"response": response, "input": self.inputs, "context": self.context, "session": self.session}
             await self.store.put(self.tenant, self.id, record)
 
 
 @dataclass(slots=True)
 class _Item:
-    kind: str  # message | function_call
+    kind: str  # message | function_call | custom_tool_call | tool_search_call
     index: int  # output_index
     id: str
     text: list[str] = field(default_factory=list)  # the message's text, or the call's arguments
@@ -95,7 +107,7 @@ class ResponsesEncoder:
 
     def _start(self, model: Any) -> bytes:
         self.started = True
-        self.turn.model = str(model or self.ctx.model)
+        self.turn.model = self.turn.model or str(self.ctx.client_model or model or self.ctx.model)
         response = envelope(self.turn.req, self.turn.id, self.turn.created_at, self.turn.model)
         return self._event("response.created", response=response) + self._event("response.in_progress", response=response)
 
@@ -113,9 +125,17 @@ class ResponsesEncoder:
                                   content_index=0, part=part)
                     + self._event("response.output_item.done", output_index=item.index, item=done))
         position = int(item.id.rsplit("_", 1)[1])
-        done = call_item(self.turn.id, position, item.call_id, item.name, text, "completed")
+        done = call_item(self.turn.id, position, item.call_id, item.name, text, "completed", self.turn.tools)
+        if item.kind == "custom_tool_call":  # its text is known once the chat arguments are whole
+            return (self._event("response.custom_tool_call_input.delta", item_id=item.id, output_index=item.index,
+                                delta=done["input"])
+                    + self._event("response.custom_tool_call_input.done", item_id=item.id, output_index=item.index,
+                                  input=done["input"])
+                    + self._event("response.output_item.done", output_index=item.index, item=done))
+        if item.kind == "tool_search_call":
+            return self._event("response.output_item.done", output_index=item.index, item=done)
         return (self._event("response.function_call_arguments.done", item_id=item.id, output_index=item.index,
-                            arguments=text, name=item.name)
+                            arguments=text, name=done.get("name", item.name))
                 + self._event("response.output_item.done", output_index=item.index, item=done))
 
     def _add(self, item: _Item, shown: dict[str, Any]) -> bytes:
@@ -147,15 +167,17 @@ class ResponsesEncoder:
                 function = call.get("function") or {}
                 item = self.calls.get(position)
                 if item is None:
-                    item = self.calls[position] = _Item(
-                        "function_call", len(self.items), call_item_id(self.turn.id, position),
-                        call_id=call.get("id") or new_id("call_"), name=function.get("name") or "")
-                    shown = call_item(self.turn.id, position, item.call_id, item.name, "", "in_progress")
+                    name = function.get("name") or ""
+                    shown = call_item(self.turn.id, position, call.get("id") or new_id("call_"), name, "", "in_progress",
+                                      self.turn.tools)
+                    item = self.calls[position] = _Item(str(shown["type"]), len(self.items), str(shown["id"]),
+                                                        call_id=str(shown["call_id"]), name=name)
                     out.append(self._add(item, shown))
                 if function.get("arguments"):
                     item.text.append(function["arguments"])
-                    out.append(self._event("response.function_call_arguments.delta", item_id=item.id,
-                                           output_index=item.index, delta=function["arguments"]))
+                    if item.kind == "function_call":  # a custom tool's text goes out whole, when it is whole
+                        out.append(self._event("response.function_call_arguments.delta", item_id=item.id,
+                                               output_index=item.index, delta=function["arguments"]))
         return b"".join(out)
 
     async def end(self, response: dict[str, Any]) -> bytes:
@@ -199,22 +221,37 @@ def _not_found(response_id: str, param: str = "response_id") -> NotFound:
     return NotFound(f"no response with id '{response_id}' was found", param=param)
 
 
+def _session(request: web.Request, req: ResponsesRequest, previous: dict[str, Any] | None) -> str | None:
+    """One conversation's key: the client's session or thread id (Codex sends both), its prompt
+    cache key, the chain it continues (previous_response_id), else the session header."""
+    meta = req.client_metadata or {}
+    chain = None
+    if previous is not None:
+        chain = previous.get("session") or previous["response"].get("id")
+    return session_key(meta.get("session_id"), meta.get("thread_id"), req.prompt_cache_key, chain,
+                       request.headers.get("session_id"), request.headers.get("session-id"),
+                       request.headers.get(SESSION_HEADER))
+
+
 async def create_response(request: web.Request) -> web.StreamResponse:
     raw = await read_json(request)
     req = protocol.check(ResponsesRequest, raw)
     tenant = request[PRINCIPAL].tenant
     store = _store(request)
     context: list[dict[str, Any]] = []
+    previous = None
     if req.previous_response_id is not None:
         previous = await store.get(tenant, req.previous_response_id)
         if previous is None:
             raise _not_found(req.previous_response_id, "previous_response_id")
         context = [*previous["context"], *previous["input"], *previous["response"]["output"]]
     inputs = input_items(req)
-    body, dropped = to_chat(req, raw, [*context, *inputs])
+    body, dropped, tools = translate(req, raw, [*context, *inputs], field_record(request))
+    session = _session(request, req, previous)
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
-                context=context, store=store if req.store else None)
-    return await serve(request, chat_context(request, body, "responses", dropped), ResponsesWire(turn))
+                context=context, store=store if req.store else None, model=req.model, tools=tools, session=session)
+    ctx = chat_context(request, body, "responses", dropped, session=session)
+    return await serve(request, ctx, ResponsesWire(turn))
 
 
 async def _record(request: web.Request) -> dict[str, Any]:

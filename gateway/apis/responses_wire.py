@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
 from gateway import protocol
 from gateway.apis.common import first_choice, new_id, tool_calls
+from gateway.apis.field_policy import Dropped, KnownFields
+from gateway.apis.messages_wire import text_or_parts
+from gateway.apis.responses_tools import ToolSet, custom_arguments
 from gateway.context import Usage
 from gateway.errors import InvalidRequest
 
-# NOTE: strict like gateway.protocol. Unknown top-level fields are refused (their meaning would
-# be lost); these are accepted, dropped and recorded on the span: none changes what the answer says.
+# NOTE: strict like gateway.protocol. A field the gateway does not know is dropped and recorded
+# (apis.unknown_fields: drop, the default) or refused (reject); these known ones are dropped and
+# recorded on the span and in x-tierlane-dropped: none changes what the answer says.
 DROPPED_FIELDS = ("reasoning", "truncation", "service_tier", "include", "prompt_cache_key", "safety_identifier",
                   "stream_options", "top_logprobs", "max_tool_calls", "prompt_cache_retention", "prompt_cache_options",
-                  "context_management")
+                  "context_management", "client_metadata")
+# Input items of tools the provider ran (their results are not the client's to replay): the
+# hosted-tools policy, like the tools themselves.
+HOSTED_ITEMS = ("web_search_call", "file_search_call", "code_interpreter_call", "computer_call", "computer_call_output",
+                "image_generation_call", "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response",
+                "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output")
 Number = protocol.Number
 
 
@@ -64,6 +74,7 @@ class FunctionCallItem(_Open):
     call_id: StrictStr
     name: StrictStr
     arguments: StrictStr
+    namespace: StrictStr | None = None
     id: StrictStr | None = None
 
 
@@ -78,29 +89,75 @@ class ReasoningItem(_Open):
     type: Literal["reasoning"]
 
 
+class CustomToolCallItem(_Open):
+    type: Literal["custom_tool_call"]
+    call_id: StrictStr
+    name: StrictStr
+    input: StrictStr
+    namespace: StrictStr | None = None
+    id: StrictStr | None = None
+
+
+class CustomToolCallOutputItem(_Open):
+    type: Literal["custom_tool_call_output"]
+    call_id: StrictStr
+    output: StrictStr | list[Part]
+    id: StrictStr | None = None
+
+
+class ToolSearchCallItem(_Open):
+    type: Literal["tool_search_call"]
+    call_id: StrictStr | None = None
+    arguments: dict[str, Any] | StrictStr | None = None
+    id: StrictStr | None = None
+
+
+class ToolSearchOutputItem(_Open):
+    type: Literal["tool_search_output"]
+    call_id: StrictStr | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    id: StrictStr | None = None
+
+
+class AdditionalToolsItem(_Open):
+    """More tools for this request, sent as an input item (Codex's default models do so)."""
+
+    type: Literal["additional_tools"]
+    tools: list[dict[str, Any]]
+    id: StrictStr | None = None
+
+
+class OtherItem(_Open):
+    """An item type the gateway does not know: the field policy decides (drop and record, or 400)."""
+
+    type: StrictStr
+
+
+_ITEM_TAGS = frozenset({"message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
+                        "custom_tool_call_output", "tool_search_call", "tool_search_output", "additional_tools"})
+
+
 def _item_type(value: Any) -> str | None:
-    """An item's tag: its `type`, or `message` for the short form `{role, content}`."""
-    if isinstance(value, dict):
-        tag = value.get("type", "message")
-        return tag if isinstance(tag, str) else None
-    return getattr(value, "type", None)
+    """An item's tag: its `type` (`other` for one the gateway does not know), or `message` for `{role, content}`."""
+    tag = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(tag, str):
+        return None
+    return tag if tag in _ITEM_TAGS else "other"
 
 
 Item = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")]
+    | Annotated[AdditionalToolsItem, Tag("additional_tools")]
+    | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_type),
 ]
-
-
-class FunctionTool(_Open):
-    type: Literal["function"]
-    name: StrictStr = Field(min_length=1)
-    description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
 
 
 class NamedFunction(BaseModel):
@@ -114,8 +171,8 @@ class TextConfig(_Open):
     verbosity: StrictStr | None = None
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResponsesRequest(KnownFields):
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr = Field(min_length=1)
     input: StrictStr | list[Item] | None = None
@@ -146,23 +203,27 @@ class ResponsesRequest(BaseModel):
     max_tool_calls: StrictInt | None = Field(None, ge=1)
     prompt_cache_options: dict[str, Any] | None = None
     context_management: list[dict[str, Any]] | dict[str, Any] | None = None
+    client_metadata: dict[str, Any] | None = None  # a client's own ids (Codex: its session, thread and turn)
+    # Refused: each would change what the answer means, and none can be honoured here
+    conversation: Any = None
+    prompt: Any = None
 
-    def function_tools(self) -> list[FunctionTool]:
-        """The tools, each a function tool; a tool the gateway cannot run is a 400 naming it."""
-        out = []
+    def tool_set(self, items: list[dict[str, Any]], dropped: Dropped) -> ToolSet:
+        """The request's tools (and those its items add) as chat tools; hosted tools go by the policy."""
+        tools = ToolSet()
         for i, tool in enumerate(self.tools or ()):
-            kind = tool.get("type")
-            if kind != "function":
-                raise InvalidRequest(
-                    f"the gateway cannot run the tool {kind!r}: it serves function tools only (the client runs them)",
-                    param=f"tools[{i}].type",
-                    code="unsupported_tool",
-                )
-            out.append(protocol.check(FunctionTool, tool))
-        return out
+            tools.add(tool, f"tools[{i}]", dropped)
+        for i, item in enumerate(items):
+            if item.get("type") in ("additional_tools", "tool_search_output"):
+                for j, tool in enumerate(item.get("tools") or ()):
+                    tools.add(tool, f"input[{i}].tools[{j}]", dropped)
+        return tools
 
 
 # Items ---------------------------------------------------------------------------------------
+
+
+_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_", "tool_search_call": "tsc_"}
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -180,7 +241,7 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
             kind = "output_text" if item.role == "assistant" else "input_text"
             data["content"] = [{"type": kind, "text": content}] if isinstance(content, str) else data["content"]
             data.setdefault("status", "completed")
-        data["id"] = getattr(item, "id", None) or new_id({"message": "msg_", "function_call": "fc_"}.get(item.type, "item_"))
+        data["id"] = getattr(item, "id", None) or new_id(_ID_PREFIXES.get(item.type, "item_"))
         items.append(data)
     return items
 
@@ -207,12 +268,28 @@ def _user_content(parts: list[dict[str, Any]], param: str) -> str | list[dict[st
                 f"{kind} content needs the provider's file storage, which the gateway does not have; send the data inline",
                 param=f"{param}[{j}]",
             )
-    # one text part asks what the same text as a string asks (one cache entry with chat)
-    return out[0]["text"] if len(out) == 1 and out[0]["type"] == "text" else out
+    # text only: one string (one cache entry with the same chat text; what self-hosted templates take)
+    return text_or_parts(out)
 
 
-def to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _add_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    """A tool call joins the assistant turn before it (the calls of one turn share its message)."""
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def to_messages(instructions: str | None, items: list[dict[str, Any]], tools: ToolSet | None = None,
+                dropped: Dropped | None = None) -> list[dict[str, Any]]:
     """Chat messages for a conversation of items (the stored context, then the new input)."""
+    tools = ToolSet() if tools is None else tools
+    dropped = Dropped() if dropped is None else dropped
     messages: list[dict[str, Any]] = []
     if instructions is not None:
         messages.append({"role": "system", "content": instructions})
@@ -226,66 +303,83 @@ def to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[d
                 content = _user_content(item["content"], f"input[{i}].content")
                 messages.append({"role": "system" if role == "developer" else role, "content": content})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)  # the calls of one turn share its message
-                if not last["content"]:
-                    last["content"] = None
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+            name = tools.chat_name(item["name"], item.get("namespace"))
+            _add_call(messages, _call(item["call_id"], name, item["arguments"]))
+        elif kind == "custom_tool_call":
+            name = tools.chat_name(item["name"], item.get("namespace"), "custom")
+            _add_call(messages, _call(item["call_id"], name, custom_arguments(item["input"])))
+        elif kind == "tool_search_call":
+            arguments = item.get("arguments")
+            text = arguments if isinstance(arguments, str) else orjson.dumps(arguments or {}).decode()
+            _add_call(messages, _call(item.get("call_id") or item.get("id") or new_id("call_"),
+                                      tools.chat_name("tool_search", None, "tool_search"), text))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
+        elif kind == "tool_search_output":
+            found = [t.get("name") for t in item.get("tools") or () if isinstance(t, dict)]
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id") or "",
+                             "content": "Tools now available: " + ", ".join(str(n) for n in found if n)})
+        elif kind == "reasoning":
+            dropped.add("reasoning_items")  # a chat upstream has no such state
+        elif kind == "additional_tools":
+            continue  # its tools are in `tools`
+        elif kind in HOSTED_ITEMS:
+            dropped.hosted(str(kind), f"input[{i}]", name=f"input.{kind}")
+        else:
+            dropped.unknown_item(str(kind), f"input[{i}]")
     if not messages or all(m["role"] == "system" for m in messages):
         raise InvalidRequest("the request has no input: send `input` (text or items)", param="input",
                              code="missing_required_parameter")
     return messages
 
 
-def to_chat(req: ResponsesRequest, raw: dict[str, Any], items: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+def to_chat(req: ResponsesRequest, raw: dict[str, Any], items: list[dict[str, Any]],
+            record: Dropped | None = None) -> tuple[dict[str, Any], list[str]]:
     """The chat-completions body for `req` over the conversation `items`, and the fields it dropped.
 
     `raw` is the body `req` was validated from: numbers are passed on as the client wrote them
     (`0` stays `0`, not `0.0`), so the cache key equals that of the same chat request.
     """
-    if req.background:
-        raise InvalidRequest("background responses are not supported by the gateway", param="background")
-    dropped = [name for name in DROPPED_FIELDS if getattr(req, name) is not None]
+    body, dropped, _ = translate(req, raw, items, record)
+    return body, dropped
+
+
+def translate(req: ResponsesRequest, raw: dict[str, Any], items: list[dict[str, Any]],
+              record: Dropped | None = None) -> tuple[dict[str, Any], list[str], ToolSet]:
+    """`to_chat`, and the tool set that maps the model's calls back to the client's items."""
+    for name in ("background", "conversation", "prompt"):
+        if getattr(req, name):
+            raise InvalidRequest(f"`{name}` is not supported by the gateway: it needs state the provider keeps",
+                                 param=name, code="unsupported_parameter")
+    dropped = Dropped() if record is None else record
+    dropped.unknown(req)
+    for name in DROPPED_FIELDS:
+        if getattr(req, name) is not None:
+            dropped.add(name)
     if req.text is not None and req.text.verbosity is not None:
-        dropped.append("text.verbosity")
-    if any(item.get("type") == "reasoning" for item in items):
-        dropped.append("reasoning_items")
-    body: dict[str, Any] = {"model": req.model, "messages": to_messages(req.instructions, items)}
+        dropped.add("text.verbosity")
+    tools = req.tool_set(items, dropped)
+    body: dict[str, Any] = {"model": req.model, "messages": to_messages(req.instructions, items, tools, dropped)}
     if req.max_output_tokens is not None:
         body["max_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user"):
+    for name in ("temperature", "top_p", "user"):
         if getattr(req, name) is not None:
             body[name] = raw[name]
-    tools = req.function_tools()
-    if tools:
-        body["tools"] = [_chat_tool(tool) for tool in tools]
+    if tools.chat:
+        body["tools"] = tools.chat
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = raw["parallel_tool_calls"]
     if req.tool_choice is not None:
         choice = req.tool_choice
-        body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+        body["tool_choice"] = choice if isinstance(choice, str) else {
+            "type": "function", "function": {"name": tools.chat_name(choice.name)}}
     response_format = _response_format(req.text.format if req.text is not None else None)
     if response_format is not None:
         body["response_format"] = response_format
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # the final event reports usage
-    return body, dropped
-
-
-def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    if tool.parameters is not None:
-        function["parameters"] = tool.parameters
-    if tool.strict is not None:
-        function["strict"] = tool.strict
-    return {"type": "function", "function": function}
+    return body, list(dropped.names), tools
 
 
 def _response_format(spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -355,7 +449,7 @@ def envelope(req: ResponsesRequest, response_id: str, created_at: int, model: st
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": {"format": text_format},
         "tool_choice": tool_choice or "auto",
-        "tools": [t.model_dump(exclude_none=True) for t in req.function_tools()],
+        "tools": list(req.tools or ()),
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "truncation": req.truncation or "disabled",
         "usage": None,
@@ -364,7 +458,7 @@ def envelope(req: ResponsesRequest, response_id: str, created_at: int, model: st
     }
 
 
-def output_items(response_id: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+def output_items(response_id: str, body: dict[str, Any], tools: ToolSet | None = None) -> list[dict[str, Any]]:
     """The output items of a chat answer: its text as one message, then one item per tool call."""
     message, reason = first_choice(body)
     item_status = "incomplete" if status_of(reason)[0] == "incomplete" else "completed"
@@ -373,7 +467,7 @@ def output_items(response_id: str, body: dict[str, Any]) -> list[dict[str, Any]]
     if isinstance(text, str) and text:
         output.append(message_item(response_id, text, item_status))
     for index, (call_id, name, arguments) in enumerate(tool_calls(message)):
-        output.append(call_item(response_id, index, call_id, name, arguments, "completed"))
+        output.append(call_item(response_id, index, call_id, name, arguments, "completed", tools))
     return output
 
 
@@ -386,6 +480,7 @@ def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(response_id: str, index: int, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": call_item_id(response_id, index), "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": arguments}
+def call_item(response_id: str, index: int, call_id: str, name: str, arguments: str, status: str,
+              tools: ToolSet | None = None) -> dict[str, Any]:
+    """The item for the model's call of the chat tool `name`: a function, custom tool or tool search call."""
+    return (tools or ToolSet()).call_item(call_item_id(response_id, index), call_id, name, arguments, status)

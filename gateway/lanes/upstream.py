@@ -93,7 +93,8 @@ def _whole_native(ctx: RequestContext, reply: UpstreamReply) -> Answer:
         raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
     ctx.usage = message_usage(reply.body.get("usage"))
     ctx.first_token_at = time.perf_counter()
-    return Answer(lane="upstream", body=chat_from_message(reply.body), native=reply.body)
+    native = reply.body if ctx.client_model is None else {**reply.body, "model": ctx.client_model}
+    return Answer(lane="upstream", body=chat_from_message(reply.body), native=native)
 
 
 async def _relay_native(ctx: RequestContext, reply: UpstreamReply) -> AsyncGenerator[dict[str, Any], None]:

@@ -76,8 +76,11 @@ class ModelCatalog:
         """The pool serving `model` and the model to ask it for; ModelNotFound when none serves it."""
         pool = self.pool.pool_for_model(model)
         if pool is None:
-            raise ModelNotFound(f"the model '{model}' does not exist or is not served here", param="model")
+            raise ModelNotFound(not_served(model, self.listing_names()), param="model")
         return pool, self.pool_model(pool) if model == AUTO else model
+
+    def listing_names(self) -> list[str]:
+        return [entry["id"] for entry in self.listing()]
 
     def listing(self) -> list[dict[str, Any]]:
         names: list[str] = []
@@ -87,6 +90,21 @@ class ModelCatalog:
             names.append(self.edge_name)
         names.extend(self.pool.model_names())
         return [{"id": n, "object": "model", "created": self._created, "owned_by": "tierlane"} for n in names]
+
+
+def not_served(model: str, served: list[str]) -> str:
+    """The 404 for a model name nothing serves: what is served, and the settings that would serve it."""
+    shown = ", ".join(served[:8]) + (", ..." if len(served) > 8 else "") if served else "none"
+    return (f"the model '{model}' is not served here (served: {shown}). Map the name your client sends onto one of "
+            f"them with model_aliases (e.g. model_aliases: {{\"{_glob_of(model)}\": auto}} in the config file, or "
+            f"TIERLANE_MODEL_ALIASES='{_glob_of(model)}=auto'), or add an upstream that serves it (upstreams[].models, "
+            "TIERLANE_UPSTREAM_URL and TIERLANE_UPSTREAM_MODELS)")
+
+
+def _glob_of(model: str) -> str:
+    """`claude-opus-5-5` -> `claude-*`: the family glob an alias for this name would use."""
+    head = model.split("-", 1)[0]
+    return f"{head}-*" if head and head != model else model
 
 
 def requested_route(ctx: RequestContext) -> RouteRequest | None:

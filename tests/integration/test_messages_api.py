@@ -119,9 +119,17 @@ def test_errors_are_anthropic_errors(make_gateway, llama_upstream):
     with pytest.raises(anthropic.BadRequestError) as bad:
         sdk.messages.create(**body, extra_body={"temperature": 1.5})
     assert "temperature" in bad.value.message
+    # a server tool is dropped and named by default (the model answers without it)
+    served = sdk.messages.with_raw_response.create(**body, tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    assert served.headers["x-tierlane-dropped"] == "tools.web_search_20250305" and served.parse().content
+    strict = make_gateway(
+        upstreams=[upstream_cfg("llama", llama_upstream.base_url, models=[UPSTREAM_MODEL])],
+        auth={"mode": "keys", "keys": [{"sha256": hash_key(key), "tenant": "acme"}]},
+        apis={"hosted_tools": "reject", "unknown_fields": "reject"},
+    )
     with pytest.raises(anthropic.BadRequestError) as server_tool:
-        sdk.messages.create(**body, tools=[{"type": "web_search_20250305", "name": "web_search"}])
-    assert "web_search" in server_tool.value.message
+        client(strict, key).messages.create(**body, tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    assert "web_search" in server_tool.value.message and server_tool.value.body["error"]["type"] == "invalid_request_error"
     headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
     wrong_method = httpx.get(gw.url + "/v1/messages", headers=headers)
     assert wrong_method.status_code == 405
@@ -130,8 +138,12 @@ def test_errors_are_anthropic_errors(make_gateway, llama_upstream):
     assert no_route.status_code == 404 and no_route.json()["error"]["type"] == "not_found_error"
     too_big = httpx.post(gw.url + "/v1/messages", headers=headers, content=b"x" * (5 * 1024 * 1024))
     assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "request_too_large"
-    unknown = httpx.post(gw.url + "/v1/messages", headers=headers, json={**body, "mcp_servers": []})
-    assert unknown.status_code == 400 and "mcp_servers" in unknown.json()["error"]["message"]
+    unknown = httpx.post(strict.url + "/v1/messages", headers=headers, json={**body, "brand_new": 1})
+    assert unknown.status_code == 400 and "brand_new" in unknown.json()["error"]["message"]
+    assert unknown.json()["type"] == "error"
+    dropped = httpx.post(gw.url + "/v1/messages", headers=headers, json={**body, "brand_new": 1, "mcp_servers": []},
+                         timeout=60)
+    assert dropped.status_code == 200 and dropped.headers["x-tierlane-dropped"] == "brand_new,mcp_servers"
 
 
 def test_dropped_fields_are_accepted(gateway):

@@ -143,9 +143,12 @@ def test_errors_are_openai_errors(recorded):
     with pytest.raises(openai.AuthenticationError):
         client(recorded, "wrong").responses.create(model="m", input="Hi.")
     sdk = client(recorded, KEY_A)
-    with pytest.raises(openai.BadRequestError) as tool:
-        sdk.responses.create(model="m", input="Search.", tools=[{"type": "web_search"}])
-    assert "web_search" in tool.value.message and tool.value.body["param"] == "tools[0].type"
+    searched = sdk.responses.with_raw_response.create(model="m", input="Search.", tools=[{"type": "web_search"}],
+                                                      store=False)
+    assert searched.headers["x-tierlane-dropped"] == "tools.web_search" and searched.parse().output_text
+    with pytest.raises(openai.BadRequestError) as unsupported:
+        sdk.responses.create(model="m", input="Hi.", extra_body={"conversation": "conv_1"})
+    assert unsupported.value.body["param"] == "conversation"
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.responses.create(model="m", input="Hi.", temperature=3)
     assert bad.value.body["param"] == "temperature"

@@ -12,6 +12,7 @@ from gateway import protocol
 from gateway.apis import messages as msgs
 from gateway.apis import messages_wire as mw
 from gateway.apis import responses_wire as rw
+from gateway.apis.field_policy import Dropped
 from gateway.apis.response_store import SqliteResponseStore
 from gateway.apis.responses import ResponsesEncoder, Turn
 from gateway.context import Principal, RequestContext, Usage
@@ -66,15 +67,16 @@ def test_tool_blocks_become_tool_calls_and_tool_messages():
     assert body["messages"][3] == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
 
 
-@pytest.mark.parametrize("change, param", [
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
-    ({"container": "c1"}, "container"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]"),
+@pytest.mark.parametrize("change, param, hosted", [
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type", "reject"),
+    ({"container": "c1"}, "container", "reject"),
+    ({"max_tokens": 0}, "max_tokens", "drop"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]", "drop"),
 ])
-def test_what_a_chat_model_cannot_do_is_a_400_naming_it(change, param):
+def test_what_a_chat_model_cannot_do_is_a_400_naming_it(change, param, hosted):
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}], **change}
     with pytest.raises(InvalidRequest) as err:
-        messages_chat({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}], **change})
+        mw.to_chat(protocol.check(mw.MessagesRequest, body), body, Dropped(hosted_tools=hosted))
     assert (err.value.param or "").startswith(param), err.value.param
 
 
@@ -162,16 +164,18 @@ def test_responses_items_become_chat_messages():
     assert dropped == ["reasoning", "reasoning_items"]
 
 
-@pytest.mark.parametrize("change, param", [
-    ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]"),
-    ({"background": True}, "background"),
-    ({"conversation": "conv_1"}, "conversation"),
-    ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0]"),
+@pytest.mark.parametrize("change, param, hosted", [
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type", "reject"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]", "drop"),
+    ({"background": True}, "background", "drop"),
+    ({"conversation": "conv_1"}, "conversation", "drop"),
+    ({"input": [{"role": "user", "content": "Hi."}, {"type": "web_search_call", "id": "x"}]}, "input[1]", "reject"),
 ])
-def test_what_the_gateway_cannot_run_is_a_400_naming_it(change, param):
+def test_what_the_gateway_cannot_run_is_a_400_naming_it(change, param, hosted):
+    body = {"model": "m", "input": "Hi.", **change}
+    req = protocol.check(rw.ResponsesRequest, body)
     with pytest.raises(InvalidRequest) as err:
-        responses_chat({"model": "m", "input": "Hi.", **change})
+        rw.to_chat(req, body, rw.input_items(req), Dropped(hosted_tools=hosted))
     assert (err.value.param or "").startswith(param), err.value.param
 
 

@@ -85,7 +85,8 @@ async def test_unknown_models_and_route_values_are_openai_errors() -> None:
     with pytest.raises(ModelNotFound) as missing:
         await stage.run(request("gpt-5"))
     assert missing.value.status == 404 and missing.value.payload()["error"]["param"] == "model"
-    with pytest.raises(ModelNotFound, match="does not exist"):  # the edge's name, but the header says upstream
+    assert "model_aliases" in missing.value.message and "TIERLANE_MODEL_ALIASES='gpt-*=auto'" in missing.value.message
+    with pytest.raises(ModelNotFound, match="is not served here"):  # the edge's name, but the header says upstream
         await stage.run(request("edge", "upstream"))
     with pytest.raises(ModelNotFound, match="neither is configured"):
         await ResolveStage(catalog(edge=False)).run(request("auto"))

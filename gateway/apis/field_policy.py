@@ -1,0 +1,100 @@
+"""What a front door does with each field of a request: honour, translate, or drop and record.
+
+A client newer than the gateway sends fields the gateway has never heard of; refusing them would
+break the client on its upgrade, so by default they are dropped and their names recorded (on the
+span and in the `x-tierlane-dropped` header). Types of the fields the gateway knows stay strictly
+validated. Tools the provider would run itself (web search, file search, code interpreter, MCP
+servers, ...) cannot run behind a chat upstream: they are dropped and recorded too, so the model
+simply does not call them, unless the operator asks for a 400 (`apis.hosted_tools: reject`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel
+
+from gateway.errors import InvalidRequest
+
+Mode = Literal["drop", "reject"]
+# The response header that names every field a front door dropped (comma-separated).
+DROPPED_HEADER = "x-tierlane-dropped"
+
+
+class KnownFields(BaseModel):
+    """A request object whose fields are all known: any other key is an unknown field.
+
+    Such models accept extra keys (so a newer client is not refused by validation); `unknown`
+    lists them afterwards, and the request's `Dropped` record decides what happens to them.
+    """
+
+    KNOWN_ONLY: ClassVar[bool] = True
+
+
+def unknown(model: BaseModel, path: str = "") -> Iterator[str]:
+    """The dotted paths (list indices left out) of every unknown key in a validated request tree."""
+    if getattr(type(model), "KNOWN_ONLY", False):
+        for name in model.model_extra or {}:
+            yield f"{path}.{name}" if path else name
+    for name in type(model).model_fields:
+        yield from _unknown_in(getattr(model, name, None), f"{path}.{name}" if path else name)
+
+
+def _unknown_in(value: Any, path: str) -> Iterator[str]:
+    if isinstance(value, BaseModel):
+        yield from unknown(value, path)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _unknown_in(item, path)
+
+
+@dataclass(slots=True)
+class Dropped:
+    """The fields one request loses on its way to a chat upstream, under the operator's policy."""
+
+    unknown_fields: Mode = "drop"
+    hosted_tools: Mode = "drop"
+    names: list[str] = field(default_factory=list)
+
+    def add(self, name: str) -> None:
+        """A known field that does not change what the answer means, dropped."""
+        if name not in self.names:
+            self.names.append(name)
+
+    def unknown(self, model: BaseModel) -> None:
+        """Drop (or refuse, under `reject`) every unknown field of a validated request."""
+        for path in unknown(model):
+            if self.unknown_fields == "reject":
+                raise InvalidRequest(
+                    f"unknown parameter '{path}' (apis.unknown_fields is reject; set it to drop to accept and record "
+                    "fields of newer clients)",
+                    param=path,
+                    code="unknown_parameter",
+                )
+            self.add(path)
+
+    def unknown_item(self, kind: str, param: str) -> None:
+        """An input item of a type the gateway does not know (a newer client's): like an unknown field."""
+        if self.unknown_fields == "reject":
+            raise InvalidRequest(f"unknown input item type {kind!r} (apis.unknown_fields is reject)", param=param,
+                                 code="unknown_parameter")
+        self.add(f"input.{kind}")
+
+    def hosted(self, kind: str, param: str, name: str | None = None) -> None:
+        """A tool the provider would run (web search, MCP, ...): dropped, or a 400 under `reject`."""
+        if self.hosted_tools == "reject":
+            raise InvalidRequest(
+                f"the gateway cannot run the hosted tool {kind!r}: its upstreams run no tools (apis.hosted_tools is "
+                "reject; set it to drop to let the model answer without it)",
+                param=param,
+                code="unsupported_tool",
+            )
+        self.add(name or f"tools.{kind}")
+
+
+def header_value(names: list[str]) -> str:
+    """The `x-tierlane-dropped` value: the names, sorted, at most 2 KB."""
+    value = ",".join(sorted(set(names)))
+    return value if len(value) <= 2048 else value[:2044].rsplit(",", 1)[0] + ",..."
