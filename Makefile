@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: install run test lint router-model edge-calibration cache-verifier static-embedding bench demo image image-test clean
+.PHONY: install run test lint agents router-model edge-calibration cache-verifier static-embedding bench demo image image-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,7 +52,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway edge_engine policies telemetry tests bench
 	$(BIN)/mypy
 
-test: $(STAMP) lint
+# The coding agents the suite drives (Claude Code, Codex: npm packages at pinned versions) go into
+# ~/.cache/tierlane/agents, never globally; npm comes from Debian's packages where it is missing.
+agents: $(STAMP)
+	command -v npm >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends nodejs npm; }
+	$(BIN)/python -m tests.support.agents install
+
+test: $(STAMP) lint agents
 	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; fi; exit $$rc
 

@@ -124,6 +124,12 @@ class UpstreamSettings(_Strict):
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_cooldown_s: float = Field(10.0, gt=0)
     max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="the most completion tokens this upstream is asked for: a larger max_tokens is clamped "
+        "(a small self-hosted context; agents ask for 128,000); none given: this many")
+    system_messages: Literal["anywhere", "first"] = Field(
+        "anywhere", description="first: every system message merged into one at the start, for chat templates that "
+        "render one system message first")
     api_key: str | None = Field(None, exclude=True, description="resolved from api_key_env at load")
 
     @field_validator("base_url")

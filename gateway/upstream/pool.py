@@ -25,6 +25,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.settings import PoolSettings, Settings, UpstreamSettings
+from gateway.upstream.adapt import adapt, adapts
 from gateway.upstream.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
@@ -341,6 +342,7 @@ class UpstreamPool:
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         payload = orjson.dumps(body)
+        adapted: dict[tuple[int | None, str], bytes] = {}  # per member settings that change the body
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -363,7 +365,13 @@ class UpstreamPool:
                         break
                 tried.add(id(upstream))
                 attempts += 1
-                reply, failure = await self._attempt(upstream, path, payload, headers, stream, client_authorization)
+                sent = payload
+                if adapts(upstream.settings):
+                    key = (upstream.settings.max_output_tokens, upstream.settings.system_messages)
+                    if key not in adapted:
+                        adapted[key] = orjson.dumps(adapt(body, upstream.settings, path))
+                    sent = adapted[key]
+                reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts
                     return reply

@@ -37,7 +37,7 @@ class LlamaServer:
             # running request when the next one arrives.
             "--interrupt_requests", "False",
         ]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._wait()
 
     @property

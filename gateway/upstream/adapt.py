@@ -1,0 +1,51 @@
+"""A chat body as one upstream takes it: what a self-hosted server declares it cannot do.
+
+Hosted APIs take any `max_tokens` and system messages anywhere; a small self-hosted model may
+have a context of a few thousand tokens (a coding agent asks for 128,000 output tokens) and a
+chat template that renders one system message, first. Both are per-upstream settings; a body
+for an upstream that declares neither is sent as it is, serialized once for every member.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.settings import UpstreamSettings
+
+_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+def adapts(cfg: UpstreamSettings) -> bool:
+    """Whether `adapt` may change a body for this upstream."""
+    return cfg.max_output_tokens is not None or cfg.system_messages == "first"
+
+
+def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str) -> dict[str, Any]:
+    """`body` with the output limit clamped to `max_output_tokens` and, under `system_messages:
+    first`, every system message merged into one at the start (in their order, blank-line apart)."""
+    if path not in ("/chat/completions", "/completions"):
+        return body
+    out = body
+    limit = cfg.max_output_tokens
+    if limit is not None:
+        asked = [int(out[name]) for name in _LIMITS if isinstance(out.get(name), int)]
+        if not asked:
+            out = {**out, "max_tokens": limit}
+        elif any(value > limit for value in asked):
+            out = {**out, **{name: min(int(out[name]), limit) for name in _LIMITS if isinstance(out.get(name), int)}}
+    messages = out.get("messages")
+    if cfg.system_messages == "first" and isinstance(messages, list):
+        system = [m for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
+        if len(system) > 1 or (system and messages[0] is not system[0]):
+            text = "\n\n".join(_text(m.get("content")) for m in system)
+            rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+            out = {**out, "messages": [{"role": "system", "content": text}, *rest]}
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return ""
