@@ -42,6 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
         app.on_startup.append(freeze_heap)
     log_exposure(settings)
     print(f"tierlane listening on http://{settings.server.host}:{settings.server.port}/v1", flush=True)
+    print(start_hint(settings), flush=True)
     web.run_app(
         app,
         host=settings.server.host,
@@ -52,6 +53,24 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+def start_hint(settings: Settings) -> str:
+    """What a first run serves, and what to set for clients that send their own model names."""
+    served = ["auto"] if settings.edge.enabled or settings.upstreams else []
+    if settings.edge.enabled:
+        served += [settings.edge.model_name, *settings.edge.aliases]
+    for upstream in settings.upstreams:
+        served += [f"{m} (upstream {upstream.name})" for m in upstream.models]
+    lines = [f"tierlane models: {', '.join(served) or 'none (no edge lane, no upstreams)'}"]
+    if settings.model_aliases:
+        lines.append("tierlane model_aliases: " + ", ".join(f"{k} -> {v}" for k, v in settings.model_aliases.items()))
+    else:
+        lines.append("tierlane: coding agents send their own model names (claude-*, gpt-*); map them with "
+                     "TIERLANE_MODEL_ALIASES='claude-*=auto,gpt-*=auto' (or model_aliases in the config file)")
+    if not settings.upstreams:
+        lines.append("tierlane: no upstreams: the edge lane answers everything; add one with TIERLANE_UPSTREAM_URL")
+    return "\n".join(lines)
 
 
 async def freeze_heap(app: web.Application) -> None:

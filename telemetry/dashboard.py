@@ -527,6 +527,31 @@ def _tiers(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, An
     ]
 
 
+# The sessions the dashboard lists: the costliest in the range.
+TOP_SESSIONS = 20
+
+
+def _sessions(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, Any]]:
+    """The costliest conversations (agent sessions, Responses chains) in the range, from the raw rows."""
+    sql = ("SELECT tenant, app, session, COUNT(*) AS requests, SUM(status >= 400) AS errors, SUM(cost) AS cost, "
+           "SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens, "
+           "SUM(cached_input_tokens) AS cached_input_tokens, MIN(ts) AS first, MAX(ts) AS last "
+           "FROM requests WHERE ts >= ? AND ts < ? AND session IS NOT NULL")  # fmt: skip
+    params: list[Any] = [query.start, query.end]
+    if query.tenant is not None:
+        sql += " AND tenant = ?"
+        params.append(query.tenant)
+    sql += f" GROUP BY tenant, app, session ORDER BY SUM(cost) DESC, COUNT(*) DESC LIMIT {TOP_SESSIONS}"
+    return [
+        {"tenant": r["tenant"], "app": r["app"], "session": r["session"], "requests": int(r["requests"]),
+         "errors": int(r["errors"] or 0), "cost_usd": round(float(r["cost"] or 0.0), 9),
+         "input_tokens": int(r["input_tokens"] or 0), "output_tokens": int(r["output_tokens"] or 0),
+         "cached_input_tokens": int(r["cached_input_tokens"] or 0), "first": iso_time(r["first"]),
+         "last": iso_time(r["last"])}  # fmt: skip
+        for r in conn.execute(sql, params)
+    ]
+
+
 def _reasons(hist: Mapping[str, Mapping[int, int]], prefix: str) -> list[dict[str, Any]]:
     counts = [(kind.removeprefix(prefix), sum(bins.values())) for kind, bins in hist.items() if kind.startswith(prefix)]
     return [{"reason": reason, "count": n} for reason, n in sorted(counts, key=lambda c: (-c[1], c[0]))]
@@ -549,6 +574,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
     if conn is None:
         head_rows, breakdown_rows, series_rows, hist, errors = [], [], [], {}, []
         tiers: list[dict[str, Any]] = []
+        sessions: list[dict[str, Any]] = []
     else:
         head_rows = totals(conn, whole, tenant=query.tenant, rollups=rollups)
         breakdown_rows = totals(conn, whole, USAGE_KEYS, tenant=query.tenant, rollups=rollups)
@@ -557,6 +583,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         hist = histograms(conn, query.start, query.end, tenant=query.tenant, rollups=rollups)
         errors = _errors(conn, query)
         tiers = _tiers(conn, query)
+        sessions = _sessions(conn, query)
     head = head_rows[0] if head_rows else {m: 0 for m in ROLLUP_MEASURES}
     headline = _headline(head)
     if conn is not None:
@@ -621,6 +648,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
             },
             "routes": routes,
             "tiers": tiers,
+            "sessions": sessions,
             "unit_bins": UNIT_BINS,
             "confidence_histogram": {
                 "served": _unit_histogram(hist.get("confidence_served", {})),
@@ -726,6 +754,10 @@ def to_csv(body: Mapping[str, Any]) -> str:
         for metric, value in r.items():
             if metric != "lane":
                 writer.writerow(["shadow", r["lane"], metric, _cell(value)])
+    for r in quality.get("sessions") or []:
+        for metric, value in r.items():
+            if metric != "session":
+                writer.writerow(["sessions", r["session"], metric, _cell(value)])
     for metric, value in (body.get("edge_engine") or {}).items():
         if not isinstance(value, dict | list):
             writer.writerow(["edge_engine", "", metric, _cell(value)])

@@ -327,6 +327,10 @@
     const tiers = q.tiers || [];
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
       { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
+    const sessions = q.sessions || [];
+    if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "cached", "cost"],
+      sessions.map((x) => [{ cls: "t", text: x.session, title: x.first + " – " + x.last }, { cls: "t", text: x.tenant + " / " + x.app },
+        fmtInt(x.requests), fmtInt(x.errors), fmtInt(x.input_tokens + x.output_tokens), fmtInt(x.cached_input_tokens), fmtUsd(x.cost_usd)])));
     $("quality").replaceChildren(...parts);
   }
   function renderEngine(s, scope) {

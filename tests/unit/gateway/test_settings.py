@@ -76,3 +76,16 @@ def test_the_outage_mode_defaults_to_local_share_and_reads_its_older_name() -> N
     assert Settings.load(env={}, overrides={"state": {"on_store_error": "deny"}}).state.outage == "deny"
     both = {"state": {"on_store_error": "deny", "on_outage": "allow"}}
     assert Settings.load(env={}, overrides=both).state.outage == "allow"
+
+
+def test_model_aliases_from_the_environment_and_the_start_hint() -> None:
+    from gateway.serve_cli import start_hint
+
+    bare = Settings.load(env={})
+    assert bare.model_aliases == {} and bare.apis.unknown_fields == "drop" and bare.apis.hosted_tools == "drop"
+    assert "TIERLANE_MODEL_ALIASES='claude-*=auto,gpt-*=auto'" in start_hint(bare)
+    settings = Settings.load(env={"TIERLANE_MODEL_ALIASES": " claude-*=auto, gpt-5*=edge "})
+    assert settings.model_aliases == {"claude-*": "auto", "gpt-5*": "edge"}
+    assert "claude-* -> auto" in start_hint(settings)
+    with pytest.raises(ValueError, match="NAME=TARGET"):
+        Settings.load(env={"TIERLANE_MODEL_ALIASES": "claude-*"})

@@ -41,11 +41,12 @@ def ledger_row(i: int, hours: float, **fields: Any) -> LedgerRow:
 
 # Spread over four days; 18:00 and 19:00 UTC fall on different days in Asia/Kolkata (+05:30).
 ROWS: list[LedgerRow] = [
-    ledger_row(0, 1.0, cost=0.02, trimmed_tokens=40, saved_trim=0.004, latency_ms=120.0, ttft_ms=30.0, stream=True),
+    ledger_row(0, 1.0, cost=0.02, trimmed_tokens=40, saved_trim=0.004, latency_ms=120.0, ttft_ms=30.0, stream=True,
+               session="agent-1"),
     ledger_row(1, 5.5, lane="cache", cost=0.0, saved_cache=0.015, cache_status="hit", cache_similarity=0.97, latency_ms=4.0),
     ledger_row(2, 18.0, lane="edge", model="smollm2", cost=0.0001, saved_edge=0.012, confidence=0.91, edge_tokens=60, latency_ms=250.0),
     ledger_row(3, 19.0, lane="upstream", confidence=0.31, escalated=True, escalation_reason="low_confidence", edge_tokens=40,
-               route_reason="router", cost=0.03, latency_ms=900.0, ttft_ms=200.0, stream=True),  # fmt: skip
+               route_reason="router", cost=0.03, latency_ms=900.0, ttft_ms=200.0, stream=True, session="agent-1"),  # fmt: skip
     ledger_row(4, 26.0, tenant="globex", app="batch", model="gpt-4o-mini", cost=0.005, latency_ms=80.0),
     ledger_row(5, 30.25, status=429, cost=0.0, error_code="rate_limit_exceeded", latency_ms=1.0, trace_id="ab" * 16),
     ledger_row(6, 42.0, status=502, cost=0.0, error_code="upstream_error", latency_ms=3000.0, request_id="r6"),
@@ -182,6 +183,9 @@ async def test_quality_errors_and_histograms(make_telemetry: TelemetryFactory, a
     assert escalated[int(0.31 * 20)] == 1 and escalated[int(0.12 * 20)] == 1 and sum(escalated) == 2
     similarity = quality["cache_similarity_histogram"]
     assert similarity[19] == 1 and similarity[17] == 1 and sum(similarity) == 2
+    sessions = quality["sessions"]
+    assert [(x["session"], x["tenant"], x["requests"], x["input_tokens"]) for x in sessions] == [("agent-1", "acme", 2, 200)]
+    assert sessions[0]["cost_usd"] == pytest.approx(0.05) and sessions[0]["first"].startswith("2026-03-10T01:00")
     errors = body["errors"]
     assert [e["request_id"] for e in errors] == ["r6", "r5"]  # newest first
     assert errors[1]["trace_id"] == "ab" * 16 and errors[1]["status"] == 429
@@ -374,6 +378,7 @@ async def test_csv_has_every_figure_shown(make_telemetry: TelemetryFactory, aioh
     assert "query,,tz,Asia/Kolkata" in lines
     assert any(line.startswith("breakdown,globex|batch|gpt-4o-mini,requests,") for line in lines)
     assert any(line.startswith("errors,r6,status,502") for line in lines)
+    assert "sessions,agent-1,requests,2" in lines
     assert sum(1 for line in lines if line.startswith("series,")) == 3 * len(body["series"]["labels"]) * len(body["series"]["lanes"])
 
 
