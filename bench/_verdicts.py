@@ -339,6 +339,22 @@ def _edge_quality(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _agents(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    n = d.get("sessions_per_path")
+    for name, r in d.get("results", {}).items():
+        gateway = r.get("gateway", {})
+        out.append(target(f"{name}: 4xx per session through the gateway", gateway.get("4xx_per_session"), "<=", 0,
+                          n=gateway.get("sessions"), n_of="sessions"))
+        out.append(rate(f"{name}: sessions that finished the tool loop through the gateway",
+                        int(gateway.get("sessions_completed", 0)), int(gateway.get("sessions", 0)), ">=", 1.0, n_of="sessions"))
+        out.append(target(f"{name}: gateway added time per turn, p50 ms", r.get("added_p50_ms"), "<=", 2,
+                          n=gateway.get("turns"), n_of="turns"))
+    if not out:
+        out.append(not_exercised("agents", "<=", 0, "no agent ran", n=n))
+    return out
+
+
 def _front_doors(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     verdict, n = d.get("verdict", {}), d.get("requests_per_api")
@@ -512,6 +528,7 @@ def _embedding_precision(d: dict[str, Any]) -> list[Record]:
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
+    "agents": _agents,
     "hostile_inputs": _hostile_inputs,
     "image": _image,
     "cache_error_bound": _cache_error_bound,
