@@ -201,6 +201,24 @@ def render_front_doors(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_agents(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("results", {}).items():
+        for path in ("gateway", "native"):
+            t = r[path]
+            rows.append([f"{name} ({r['package']})", path, f"{t['sessions_completed']}/{t['sessions']}", t["requests_per_session"],
+                         t["4xx_per_session"], t["turn_p50_ms"], t["turn_p99_ms"],
+                         f"{t['self_p50_ms']} / {t['self_p99_ms']}" if path == "gateway" else "–"])
+    lines = _table(["agent", "path", "loops finished", "requests / session", "4xx / session", "turn p50 ms", "turn p99 ms",
+                    "gateway's own p50 / p99 ms"], rows)
+    lines += [""]
+    for name, r in data.get("results", {}).items():
+        dropped = r["gateway"].get("dropped_per_request") or {}
+        lines.append(f"- {name}: added per turn p50 {r['added_p50_ms']} ms, p99 {r['added_p99_ms']} ms; dropped per request: "
+                     + (", ".join(f"`{k}` {v}" for k, v in dropped.items()) or "none"))
+    return lines
+
+
 def render_shared_state(data: dict[str, Any]) -> list[str]:
     results = data.get("results", {})
     rows = []
@@ -734,6 +752,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "peers": render_peers,
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
+    "agents": render_agents,
     "shared_state": render_shared_state,
     "demo": render_demo,
     "edge_engine": render_edge_engine,
