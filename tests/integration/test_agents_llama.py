@@ -42,10 +42,16 @@ def test_the_agent_runs_against_llama_cpp_with_no_error(make_gateway, long_llama
     work = tmp_path / "work"
     work.mkdir()
     out = agents.run(agent, gw.url, work, tmp_path / "home", "Say hi.", timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    said = out.stdout + out.stderr
+    # The model samples (neither agent asks for greedy decoding): an answer cut at MAX_OUTPUT is a
+    # `max_tokens` stop, which Claude Code reports as its own error; any other failure is the test's.
+    assert out.returncode == 0 or "output token maximum" in said, said[-4000:]
+    assert "API Error: 4" not in said and "API Error: 5" not in said, said[-4000:]
     rows = ledger_rows(gw, tmp_path / "state")
     assert rows and [(r["status"], r["error_code"]) for r in rows] == [(200, None)] * len(rows)
     assert {r["api"] for r in rows} == {api} and all(0 < r["output_tokens"] <= MAX_OUTPUT for r in rows)
+    if out.returncode == 0:
+        assert out.stdout.strip()  # some answer
     log = Path(long_llama.log.name).read_text(errors="replace")
     statuses = [int(code) for code in re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d{3})', log)]
     assert len(statuses) >= len(rows) and set(statuses) == {200}, statuses  # the upstream's own access log

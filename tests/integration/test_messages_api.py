@@ -172,6 +172,8 @@ def test_an_upstream_serving_messages_natively_gets_the_body_as_sent(bg, make_ga
               messages=[{"role": "user", "content": "Capital of France?"}])
     whole = sdk.messages.create(**kw)
     assert [block.type for block in whole.content] == ["thinking", "text"] and whole.content[1].text == TEXT
+    assert whole.content[0].signature == "sig"  # type: ignore[union-attr]  # the signature untouched
+    assert whole.model == "claude-sonnet-4-5"  # the name the client asked for
     sent = rec.bodies[-1]
     assert sent["model"] == "big-model" and sent["thinking"] == kw["thinking"] and sent["system"] == kw["system"]
     assert rec.headers[-1]["x-api-key"] == "upstream-secret"
