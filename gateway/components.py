@@ -7,6 +7,7 @@ reverse order.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,9 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
 
 
 async def _cache(settings: Settings, policy: Policy) -> Any:
+    from policies import unicode_norm
+
+    await asyncio.to_thread(unicode_norm.warm)  # the keys' stream-safe table, off the loop, before traffic
     state = settings.state
     # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
     # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import orjson
 
 from policies.errors import InvalidInput
+from policies.unicode_norm import nfkc_collapsed
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,9 +24,18 @@ class CacheKey:
     model: str
 
 
+# The longest text normalised for a key (characters). A longer one keys on its normalised first
+# NORMALISE_MAX_CHARS and a digest of the rest as sent: the key's cost stays bounded (~10 ms of
+# non-ASCII text) whatever the body, and a repeat of the same long text is still the same key.
+NORMALISE_MAX_CHARS = 65536
+
+
 def normalise(text: str) -> str:
-    """Unicode NFKC with runs of whitespace collapsed; the exact key hashes this."""
-    return " ".join(unicodedata.normalize("NFKC", text).split())
+    """Unicode NFKC (stream-safe: linear time) with runs of whitespace collapsed; the exact key hashes this."""
+    if len(text) <= NORMALISE_MAX_CHARS:
+        return nfkc_collapsed(text)
+    tail = hashlib.sha256(text[NORMALISE_MAX_CHARS:].encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{nfkc_collapsed(text[:NORMALISE_MAX_CHARS])} [+{len(text) - NORMALISE_MAX_CHARS} chars sha256:{tail}]"
 
 
 def message_text(content: Any, *, param: str) -> str | None:
@@ -74,7 +83,8 @@ EMBED_MAX_CHARS = 4000
 def embedding_text(body: Mapping[str, Any]) -> str | None:
     """What is embedded for a request (cache and router alike): its last user turn, normalised."""
     text = last_user_text(body)
-    return normalise(text)[:EMBED_MAX_CHARS] if text else None
+    # only what is embedded is normalised (twice the characters: NFKC and whitespace may shrink it)
+    return nfkc_collapsed(text[:2 * EMBED_MAX_CHARS])[:EMBED_MAX_CHARS] if text else None
 
 
 def _digest(value: Any) -> str:

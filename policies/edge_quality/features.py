@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from policies.unicode_norm import nfkc_collapsed
 
 # Bump whenever a feature is added, removed, reordered or computed differently: artifacts record
 # it and refuse to load against another version.
@@ -102,7 +103,7 @@ class TokenStat(Protocol):
 def normalise(text: str) -> str:
     """What the gateway embeds (policies.cache.scope.embedding_text): NFKC, whitespace runs collapsed,
     first SAMPLE_CHARS characters. Applied to every text, so raw and normalised input score alike."""
-    return " ".join(unicodedata.normalize("NFKC", text).split())[:SAMPLE_CHARS]
+    return nfkc_collapsed(text[:2 * SAMPLE_CHARS])[:SAMPLE_CHARS]
 
 
 def prompt_features(text: str) -> np.ndarray:
