@@ -15,9 +15,11 @@ from policies.router.features import Prompt
 if TYPE_CHECKING:
     from gateway.pipeline.runner import ModelCall
 
-__all__ = ["Answer", "Api", "Operation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
+__all__ = ["Answer", "Api", "Operation", "WireOperation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
 
-Operation = Literal["chat", "completions", "embeddings"]
+WireOperation = Literal["chat", "completions", "embeddings"]  # an OpenAI endpoint's operation
+# count_tokens: Messages' token count, admitted and metered but answered by no lane
+Operation = Literal["chat", "completions", "embeddings", "count_tokens"]
 # The wire API a request came in through: the OpenAI endpoints (named by their operation), or a
 # front door that translates into the chat operation. Attribution only: no stage reads it.
 Api = Literal["chat", "completions", "embeddings", "messages", "responses"]

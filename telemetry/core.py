@@ -211,8 +211,8 @@ class Telemetry:
 
     def _price(self, ctx: MeteredRequest) -> TokenPrice | None:
         """The price of the lane answering ctx now (None for a cache hit, which costs no tokens)."""
-        if ctx.lane == "cache":
-            return None
+        if ctx.lane not in ("edge", "upstream"):
+            return None  # a cache hit, or a request no lane answers (count_tokens)
         return self.pricing.edge if ctx.lane == "edge" else self.pricing.upstream(ctx.target_model, ctx.pool)
 
     def _reservation(self, ctx: MeteredRequest) -> float:

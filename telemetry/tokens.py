@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from policies.domain import Outcome, Usage
 from telemetry.record import MeteredRequest
 
@@ -18,6 +20,14 @@ PER_MESSAGE_TOKENS = 4
 REPLY_PRIMING_TOKENS = 3
 # Texts longer than this are tokenized on a worker thread instead of the event loop.
 INLINE_CHARS = 2_000
+# `tokenizers` holds the GIL for a whole encode (~2.6 us a character, and a punctuation string
+# of megabytes grows the process by gigabytes): a text is tokenized in pieces of at most
+# CHUNK_CHARS (cut at a space where there is one near the end, so few words are split; each
+# piece holds the GIL ~40 ms), and at most EXACT_CHARS of one request are tokenized at all.
+# Past that the rest is estimated at the tokens per character of what was tokenized: exact for
+# text like the start, off by the difference in density where the rest differs (documented).
+CHUNK_CHARS = 16_384
+EXACT_CHARS = 262_144
 
 TokenCount = Callable[[str], int]
 
@@ -46,8 +56,36 @@ def load_local_tokenizer(path: Path | None = None) -> TokenCount:
         log.warning("local tokenizer unavailable, estimating tokens from characters: %s", exc)
         return heuristic_count
 
-    def count(text: str) -> int:
+    def encode(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    return bounded(encode)
+
+
+def chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """`text` in pieces of at most `size` characters, each cut after a space when one is in its last eighth."""
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            space = text.rfind(" ", end - size // 8, end)
+            if space > start:
+                end = space + 1
+        yield text[start:end]
+        start = end
+
+
+def bounded(encode: TokenCount, exact_chars: int = EXACT_CHARS) -> TokenCount:
+    """A count that tokenizes `text` in CHUNK_CHARS pieces, at most `exact_chars` of it, and
+    estimates the rest at the density of what it tokenized (no piece holds the GIL for long)."""
+
+    def count(text: str) -> int:
+        if len(text) <= CHUNK_CHARS:
+            return encode(text)
+        head = text[:exact_chars]
+        tokens = sum(encode(piece) for piece in chunks(head))
+        rest = len(text) - len(head)
+        return tokens + (round(rest * tokens / len(head)) if rest and head else 0)
 
     return count
 
@@ -71,6 +109,9 @@ def prompt_texts(body: Mapping[str, Any]) -> tuple[list[str], int]:
         for message in messages:
             if isinstance(message, Mapping):
                 texts.extend(_content_texts(message.get("content")))
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools:
+            texts.append(orjson.dumps(tools).decode())  # tool definitions are read by the model too
         return texts, len(messages)
     for key in ("prompt", "input"):
         value = body.get(key)
@@ -129,11 +170,28 @@ def estimate_request_tokens(body: Mapping[str, Any]) -> int:
 
 def estimate_usage(count: TokenCount, body: Mapping[str, Any], response: Mapping[str, Any] | None) -> Usage:
     texts, messages = prompt_texts(body)
-    input_tokens = sum(count(t) for t in texts)
+    input_tokens = count_texts(count, texts)
     if messages:
         input_tokens += messages * PER_MESSAGE_TOKENS + REPLY_PRIMING_TOKENS
-    output_tokens = sum(count(t) for t in answer_texts(response))
+    output_tokens = count_texts(count, answer_texts(response))
     return Usage(input_tokens=input_tokens, output_tokens=output_tokens, estimated=True)
+
+
+def count_texts(count: TokenCount, texts: list[str], exact_chars: int = EXACT_CHARS) -> int:
+    """The tokens of `texts`: counted while the request's first `exact_chars` characters last, the
+    rest estimated at the density counted so far (heuristic_count when nothing was counted)."""
+    total = counted_chars = counted_tokens = 0
+    for text in texts:
+        head = text[:max(0, exact_chars - counted_chars)]
+        if head:
+            tokens = count(head)
+            total += tokens
+            counted_chars += len(head)
+            counted_tokens += tokens
+        rest = len(text) - len(head)
+        if rest:
+            total += round(rest * counted_tokens / counted_chars) if counted_chars else heuristic_count(text[len(head):])
+    return total
 
 
 async def resolve_usage(ctx: MeteredRequest, outcome: Outcome, count: TokenCount) -> Usage:

@@ -27,10 +27,12 @@ from gateway.apis.common import (
 )
 from gateway.apis.messages_wire import CountTokensRequest, MessagesRequest, to_chat
 from gateway.context import RequestContext, Usage
-from gateway.errors import GatewayError
-from gateway.keys import ERROR_FORMATS, SERVICES
-from gateway.respond import StreamEncoder, serve
-from telemetry.tokens import heuristic_count
+from gateway.errors import GatewayError, as_gateway_error, render_unexpected
+from gateway.keys import ERROR_FORMATS, PIPELINE
+from gateway.respond import StreamEncoder, answer_headers, serve
+from policies.domain import Outcome
+from policies.errors import PolicyError
+from telemetry.tokens import estimate_request_tokens
 
 # Chat finish reasons as Anthropic stop reasons.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
@@ -217,16 +219,33 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
+    """The request's input tokens (messages, system and tools) by the local tokenizer, bounded
+    (telemetry.tokens: at most EXACT_CHARS tokenized, the rest estimated); counted against the
+    tenant's rate limits and written to the ledger as a zero-cost row (operation `count_tokens`)."""
     raw = await read_json(request)
-    body, _ = to_chat(protocol.check(CountTokensRequest, raw), raw, field_record(request))
-    services = request.app.get(SERVICES)
-    telemetry = services.telemetry if services is not None else None
-    if telemetry is not None:
-        usage = await asyncio.to_thread(telemetry.estimate_usage, body, None)
-        tokens = usage.input_tokens
-    else:
-        tokens = heuristic_count(orjson.dumps(body["messages"]).decode())
-    return web.json_response({"input_tokens": tokens})
+    body, dropped = to_chat(protocol.check(CountTokensRequest, raw), raw, field_record(request))
+    ctx = chat_context(request, body, "messages", dropped)
+    ctx.operation = "count_tokens"
+    ctx.lane, ctx.target_model = "none", None  # no lane answers it: no price, nothing reserved
+    pipeline = request.app[PIPELINE]
+    telemetry = pipeline.services.telemetry
+    try:
+        if telemetry is not None and telemetry.budgets.enabled:
+            await telemetry.admit_async(ctx)
+        if telemetry is not None:
+            tokens = (await asyncio.to_thread(telemetry.estimate_usage, body, None)).input_tokens
+        else:
+            tokens = estimate_request_tokens(body)
+    except (GatewayError, PolicyError) as exc:
+        err = as_gateway_error(exc) or render_unexpected(exc)
+        pipeline.complete(ctx, Outcome(status=err.status, response=None, complete=False, error_code=err.code or err.type))
+        raise err from None
+    except BaseException:
+        pipeline.complete(ctx, Outcome(status=499, response=None, complete=False, error_code="client_closed_request"))
+        raise
+    ctx.usage = Usage()  # a count costs nothing
+    pipeline.complete(ctx, Outcome(status=200, response=None, complete=True))
+    return web.json_response({"input_tokens": tokens}, headers=answer_headers(ctx))
 
 
 def add_routes(app: web.Application) -> None:

@@ -10,7 +10,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway import protocol
-from gateway.context import Operation, RequestContext
+from gateway.context import RequestContext, WireOperation
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.keys import MODELS, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.respond import serve
@@ -34,7 +34,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         ) from None
 
 
-async def _handle(request: web.Request, operation: Operation) -> web.StreamResponse:
+async def _handle(request: web.Request, operation: WireOperation) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
     body = protocol.parse_body(await read_body(request, settings.server.max_body_bytes))

@@ -75,7 +75,7 @@ def test_every_request_is_metered_once_with_its_api(gw, tmp_path):
     with gpt.responses.stream(model="m", input="Hi.", max_output_tokens=8) as stream:
         stream.get_final_response()
     gpt.chat.completions.create(model="m", messages=question, max_tokens=8)
-    claude.messages.count_tokens(model="m", messages=question)  # no model call: not metered
+    claude.messages.count_tokens(model="m", messages=question)  # no model call, but metered (zero cost)
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="unknown", max_tokens=8, messages=question)  # refused by the pipeline: metered
     r = httpx.get(gw.url + "/v1/usage", params={"group_by": "tenant"}, timeout=30)  # flushes the ledger
@@ -87,8 +87,8 @@ def test_every_request_is_metered_once_with_its_api(gw, tmp_path):
         conn.close()
     # rows are written by the completion hooks, off the response path: their order is not the requests'
     assert sorted(rows) == sorted([("messages", 0, 200), ("messages", 1, 200), ("responses", 0, 200), ("responses", 1, 200),
-                                   ("chat", 0, 200), ("messages", 0, 404)])
-    assert r.json()["data"][0]["requests"] == 6
+                                   ("chat", 0, 200), ("messages", 0, 404), ("messages", 0, 200)])
+    assert r.json()["data"][0]["requests"] == 7
 
 
 def test_model_aliases_route_client_model_names(gw):

@@ -6,6 +6,8 @@ that asks for a tool (see tests/support/tool_upstream.py for why).
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 import httpx
 import pytest
@@ -190,3 +192,28 @@ def test_an_upstream_serving_messages_natively_gets_the_body_as_sent(bg, make_ga
     finally:
         conn.close()
     assert rows == [("messages", 0, 15, 5), ("messages", 1, 15, 5)]
+
+
+def test_count_tokens_is_rate_limited_metered_and_counts_tools(make_gateway, tmp_path):
+    gw = make_gateway(upstreams=[upstream_cfg("none", "http://127.0.0.1:9/v1", models=["m"])],
+                      policy={"budgets": {"enabled": True, "tenant": {"requests_per_minute": 3}}})
+    sdk = client(gw)
+    tools: Any = [{"name": "lookup", "description": "Look a word up in the dictionary. " * 5,
+                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}}}]
+    bare = sdk.messages.count_tokens(model="m", messages=QUESTION).input_tokens
+    with_tools = sdk.messages.count_tokens(model="m", messages=QUESTION, tools=tools).input_tokens
+    assert with_tools > bare + 30  # the tool definitions are read by the model: they count
+    sdk.messages.count_tokens(model="m", messages=QUESTION)
+    with pytest.raises(anthropic.RateLimitError) as limited:  # the fourth in a minute, at 3 per minute
+        sdk.messages.count_tokens(model="m", messages=QUESTION)
+    assert limited.value.body["type"] == "error" and limited.value.body["error"]["type"] == "rate_limit_error"
+    httpx.get(gw.url + "/v1/usage", timeout=30)  # flushes the ledger
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "state" / "ledger.sqlite3")
+    try:
+        rows = conn.execute("SELECT operation, api, lane, status, cost, input_tokens FROM requests ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    assert sorted(rows) == sorted([("count_tokens", "messages", "none", 200, 0.0, 0)] * 3
+                                  + [("count_tokens", "messages", "none", 429, 0.0, 0)])
