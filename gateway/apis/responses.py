@@ -9,6 +9,7 @@ Errors keep OpenAI's shape (the gateway's own).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,11 @@ from gateway.keys import PRINCIPAL, SERVICES
 from gateway.respond import StreamEncoder, serve
 
 
+log = logging.getLogger(__name__)
+# Set to `failed` on an answer whose response could not be stored (its `store` then reads false).
+STORE_HEADER = "x-tierlane-store"
+
+
 @dataclass(slots=True)
 class Turn:
     """One Responses request: what it asked, the conversation it continues, where it is kept."""
@@ -72,10 +78,21 @@ class Turn:
                    usage=usage_block(answer_usage(ctx, body)))
         return out
 
-    async def keep(self, response: dict[str, Any]) -> None:
-        if self.store is not None:
-            record = {"response": response, "input": self.inputs, "context": self.context, "session": self.session}
+    async def keep(self, ctx: RequestContext, response: dict[str, Any]) -> None:
+        """Store the answered response. The answer is already made (and billed): a store that fails
+        now loses the record, never the answer. The failure is logged, counted on the span, and
+        stated: `store` false in the Response and the `x-tierlane-store: failed` header (where the
+        headers are not yet sent)."""
+        if self.store is None:
+            return
+        record = {"response": response, "input": self.inputs, "context": self.context, "session": self.session}
+        try:
             await self.store.put(self.tenant, self.id, record)
+        except (StoreFailed, OSError, ConnectionError, TimeoutError) as exc:
+            log.warning("response %s answered but not stored: %s", self.id, exc)
+            response["store"] = False
+            ctx.attributes["tierlane.responses.store_failed"] = True
+            ctx.response_headers[STORE_HEADER] = "failed"
 
 
 @dataclass(slots=True)
@@ -184,7 +201,7 @@ class ResponsesEncoder:
         out = [] if self.started else [self._start(response.get("model"))]
         out.append(self._close())
         whole = self.turn.response(self.ctx, response)
-        await self.turn.keep(whole)
+        await self.turn.keep(self.ctx, whole)
         kind = "response.completed" if whole["status"] == "completed" else "response.incomplete"
         out.append(self._event(kind, response=whole))
         return b"".join(out)
@@ -199,7 +216,7 @@ class ResponsesWire:
 
     async def body(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
         response = self.turn.response(ctx, body)
-        await self.turn.keep(response)
+        await self.turn.keep(ctx, response)
         return response
 
     def encoder(self, ctx: RequestContext) -> StreamEncoder:

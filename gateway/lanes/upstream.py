@@ -15,6 +15,7 @@ import aiohttp
 from gateway.apis.native import MessagesStreamReader, chat_from_message, message_usage
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
+from gateway.pipeline.trim import HEADER as TRIM_HEADER
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 
@@ -50,6 +51,12 @@ async def answer(
     if native:
         assert ctx.native_body is not None
         body, path = ctx.native_body, "/" + ctx.api
+        if ctx.trim_saved:
+            # the client's own body goes, untrimmed: no trim saving was made on it
+            ctx.attributes["tierlane.trim.not_applied"] = "native upstream"
+            ctx.attributes["tierlane.trim.tokens_saved"] = 0
+            ctx.trim_saved = {}
+            ctx.response_headers[TRIM_HEADER] = "none;native"
     if ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
     client_wants_usage = False

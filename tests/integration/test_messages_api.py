@@ -217,3 +217,25 @@ def test_count_tokens_is_rate_limited_metered_and_counts_tools(make_gateway, tmp
         conn.close()
     assert sorted(rows) == sorted([("count_tokens", "messages", "none", 200, 0.0, 0)] * 3
                                   + [("count_tokens", "messages", "none", 429, 0.0, 0)])
+
+
+def test_a_native_messages_upstream_records_no_trim_saving_it_did_not_get(bg, make_gateway, tmp_path):
+    """The native upstream gets the client's body untrimmed: the ledger must not count a trim saving."""
+    rec = Recorder()
+    up = RunningApp(bg, anthropic_app(rec))
+    gw = make_gateway(upstreams=[upstream_cfg("claude", up.url + "/v1", models=["big-model"], apis=["chat", "messages"])],
+                      policy={"trim": {"enabled": True}}, telemetry={"metering": True})
+    padded = "Answer in one word, please.\n" * 30  # identical lines: the boilerplate pass collapses them
+    raw = client(gw).messages.with_raw_response.create(model="big-model", max_tokens=16, system=padded,
+                                                       messages=[{"role": "user", "content": "Capital of France?"}])
+    assert raw.headers["x-tierlane-trim"] == "none;native"
+    assert rec.bodies[-1]["system"] == padded  # sent as the client sent it
+    httpx.get(gw.url + "/v1/usage", timeout=30)  # flushes the ledger
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "state" / "ledger.sqlite3")
+    try:
+        rows = conn.execute("SELECT trimmed_tokens, saved_trim FROM requests").fetchall()
+    finally:
+        conn.close()
+    assert rows == [(0, 0.0)]
