@@ -48,7 +48,6 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.keys import PRINCIPAL, SERVICES
 from gateway.respond import StreamEncoder, serve
 
-
 log = logging.getLogger(__name__)
 # Set to `failed` on an answer whose response could not be stored (its `store` then reads false).
 STORE_HEADER = "x-tierlane-store"
