@@ -163,6 +163,32 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+# The lists whose entries a request's validation walks one by one, and their nested lists.
+_ITEM_LISTS = ("messages", "input", "tools")
+_NESTED_LISTS = ("content", "tools", "output")
+
+
+def check_items(body: dict[str, Any], limit: int) -> None:
+    """A 400 when `body` carries more than `limit` messages, input items, content parts and tools
+    in all: validating each costs event-loop time (pydantic holds the GIL), so this bounds it."""
+    total = 0
+    for name in _ITEM_LISTS:
+        entries = body.get(name)
+        if not isinstance(entries, list):
+            continue
+        total += len(entries)
+        for entry in entries:
+            if isinstance(entry, dict):
+                for nested in _NESTED_LISTS:
+                    inner = entry.get(nested)
+                    if isinstance(inner, list):
+                        total += len(inner)
+        if total > limit:
+            raise InvalidRequest(
+                f"the request carries more than {limit} messages, items, content parts and tools "
+                "(server.max_items); send a shorter conversation", param=name, code="too_many_items")
+
+
 def _too_deep(value: Any, limit: int) -> bool:
     """Whether JSON containers nest more than `limit` levels (iterative: no recursion limit)."""
     stack: list[tuple[Any, int]] = [(value, 1)]

@@ -24,7 +24,10 @@ SESSION_HEADER = "x-tierlane-session"
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body (size-limited like every other endpoint)."""
-    return protocol.parse_body(await read_body(request, request.app[SETTINGS].server.max_body_bytes))
+    server = request.app[SETTINGS].server
+    body = protocol.parse_body(await read_body(request, server.max_body_bytes))
+    protocol.check_items(body, server.max_items)
+    return body
 
 
 def field_record(request: web.Request) -> Dropped:

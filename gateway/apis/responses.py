@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from gateway import protocol
@@ -44,8 +45,8 @@ from gateway.apis.responses_wire import (
     usage_block,
 )
 from gateway.context import RequestContext
-from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.keys import PRINCIPAL, SERVICES
+from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge
+from gateway.keys import PRINCIPAL, SERVICES, SETTINGS
 from gateway.respond import StreamEncoder, serve
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             raise _not_found(req.previous_response_id, "previous_response_id")
         context = [*previous["context"], *previous["input"], *previous["response"]["output"]]
     inputs = input_items(req)
+    server = request.app[SETTINGS].server
+    if context:
+        # the conversation a chain assembles is bounded like one request's body
+        protocol.check_items({"input": [*context, *inputs]}, server.max_items)
     body, dropped, tools = translate(req, raw, [*context, *inputs], field_record(request))
+    if context and len(orjson.dumps(body["messages"])) > server.max_body_bytes:
+        raise PayloadTooLarge(
+            f"the conversation assembled from previous_response_id is larger than {server.max_body_bytes} bytes "
+            "(server.max_body_bytes); start a new conversation or send a shorter one", param="previous_response_id")
     session = _session(request, req, previous)
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
                 context=context, store=store if req.store else None, model=req.model, tools=tools, session=session)

@@ -180,3 +180,17 @@ def test_stored_responses_are_shared_through_valkey(bg, valkey, make_gateway):
     client(two, KEY_A).responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client(one, KEY_A).responses.retrieve(first.id)
+
+
+def test_a_chain_is_bounded_like_one_request(bg, make_gateway):
+    """previous_response_id assembles the conversation: the body limit applies to what is assembled."""
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text="Noted."))
+    gw = make_gateway(upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"])], server={"max_body_bytes": 4096})
+    sdk = client(gw)
+    first = sdk.responses.create(model="m", input="a" * 2500)
+    second = sdk.responses.create(model="m", input="b" * 1000, previous_response_id=first.id)
+    with pytest.raises(openai.APIStatusError) as too_big:
+        sdk.responses.create(model="m", input="c" * 1000, previous_response_id=second.id)
+    assert too_big.value.status_code == 413 and too_big.value.body["param"] == "previous_response_id"
+    assert len(rec.bodies) == 2  # the oversized conversation never went upstream

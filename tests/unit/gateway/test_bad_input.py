@@ -71,3 +71,19 @@ def test_completions_and_embeddings_validate_too(gw):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = httpx.post(gw.url + "/v1/embeddings", json={"model": "fake-model", "input": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+def test_too_many_items_is_a_400_in_each_apis_shape(gw):
+    """Validation walks every message, item, part and tool on the event loop: their number is bounded."""
+    many = [{"role": "user", "content": "x"}] * 9000
+    chat = httpx.post(gw.url + "/v1/chat/completions", json={"model": "fake-model", "messages": many}, timeout=30)
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "too_many_items"
+    assert chat.json()["error"]["param"] == "messages"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "x"}] * 5000}] * 2
+    messages = httpx.post(gw.url + "/v1/messages", json={"model": "fake-model", "max_tokens": 8, "messages": parts}, timeout=30)
+    assert messages.status_code == 400 and messages.json()["type"] == "error"
+    assert "server.max_items" in messages.json()["error"]["message"]
+    responses = httpx.post(gw.url + "/v1/responses", json={"model": "fake-model", "input": many}, timeout=30)
+    assert responses.status_code == 400 and responses.json()["error"]["code"] == "too_many_items"
+    fine = httpx.post(gw.url + "/v1/chat/completions", json={"model": "fake-model", "messages": many[:100]}, timeout=30)
+    assert fine.status_code == 200
