@@ -13,13 +13,19 @@ turn is the difference of the two paths' per-turn times (p50 and p99, side by si
 It also counts requests and 4xx per session and the fields the gateway dropped (its
 `x-tierlane-dropped` header), by name.
 
-    .venv/bin/python bench/agents.py [--sessions 8]
+    .venv/bin/python bench/agents.py [--sessions 8] [--llama-server bench/.peers/llama.cpp/build/bin/llama-server]
+
+With `--llama-server` (built by bench/build_llama_server.sh) each agent also runs once through
+the gateway in front of llama.cpp's own server, with the bundled SmolLM2 and the chat template
+the GGUF carries (jinja, the server's default), to check that what the gateway sends is what
+such a server takes: every status of the gateway and of the server is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import re
 import sys
 import tempfile
 import time
@@ -63,15 +69,23 @@ class Recorder:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        async with self.session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as up:
-            response = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items() if k.lower() not in HOP})
-            await response.prepare(request)
-            async for piece in up.content.iter_any():
-                await response.write(piece)
-            await response.write_eof()
-            self.rows.append({"path": request.path, "status": up.status, "seconds": time.perf_counter() - started,
-                              "dropped": up.headers.get("x-tierlane-dropped", ""),
-                              "overhead_ms": float(up.headers.get("x-tierlane-overhead-ms", "nan"))})
+        row: dict[str, Any] = {"path": request.path, "status": 0, "seconds": 0.0, "dropped": "", "overhead_ms": float("nan"),
+                               "complete": False}
+        try:
+            async with self.session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as up:
+                row.update(status=up.status, dropped=up.headers.get("x-tierlane-dropped", ""),
+                           overhead_ms=float(up.headers.get("x-tierlane-overhead-ms", "nan")))
+                response = web.StreamResponse(status=up.status,
+                                              headers={k: v for k, v in up.headers.items() if k.lower() not in HOP})
+                await response.prepare(request)
+                async for piece in up.content.iter_any():
+                    await response.write(piece)
+                await response.write_eof()
+                row["complete"] = True
+        finally:
+            # an agent may exit on the final event, before the proxy's last write: the request still counts
+            row["seconds"] = time.perf_counter() - started
+            self.rows.append(row)
         return response
 
     async def close(self) -> None:
@@ -89,6 +103,7 @@ def run_session(agent: agents.Agent, proxy_url: str, workdir: Path) -> tuple[boo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=8, help="sessions per agent and path (alternated)")
+    parser.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary")
     args = parser.parse_args()
     bg = BackgroundLoop()
     tmp = Path(tempfile.mkdtemp(prefix="tierlane-agents-"))
@@ -127,7 +142,7 @@ def main() -> int:
                         stats["sessions"].append({"ok": ok, "seconds": round(seconds, 3), "requests": len(model_rows),
                                                   "4xx": sum(400 <= r["status"] < 500 for r in rows),
                                                   "5xx": sum(r["status"] >= 500 for r in rows)})
-                        stats["turn_s"].extend(r["seconds"] for r in model_rows if r["status"] == 200)
+                        stats["turn_s"].extend(r["seconds"] for r in model_rows if r["status"] == 200 and r["complete"])
                         stats["self_ms"].extend(r["overhead_ms"] for r in model_rows if r["overhead_ms"] == r["overhead_ms"])
                         for r in model_rows:
                             stats["dropped"].update(name for name in r["dropped"].split(",") if name)
@@ -140,6 +155,7 @@ def main() -> int:
         chat_up.stop()
         native_up.stop()
         bg.close()
+    llama = against_llama_server(args.llama_server, tmp) if args.llama_server is not None else None
     data: dict[str, Any] = {
         "what": "coding agents (pinned npm packages, their defaults) reading two files with their own tools; each session "
                 "through the gateway (pass-through, own process) or straight to a native scripted model, alternated; "
@@ -148,6 +164,8 @@ def main() -> int:
         "agents": {a.name: a.spec for a in agents.AGENTS},
         "results": results,
     }
+    if llama is not None:
+        data["llama_server"] = llama
     data["verdicts"] = verdicts("agents", data)
     path = write("agents", data)
     print(f"wrote {path}")
@@ -155,6 +173,46 @@ def main() -> int:
         print(f"{name}: {r['gateway']['requests_per_session']} requests/session, {r['gateway']['4xx_per_session']} 4xx/session, "
               f"added p50 {r['added_p50_ms']} ms, p99 {r['added_p99_ms']} ms")
     return 0
+
+
+def against_llama_server(binary: Path, tmp: Path) -> dict[str, Any]:
+    """One run of each agent through the gateway before llama-server (SmolLM2, its own template)."""
+    from edge_engine import bundled_model_path
+
+    port, gw_port = free_port(), free_port()
+    server = start([str(binary), "-m", str(bundled_model_path()), "--host", "127.0.0.1", "--port", str(port), "-c", "8192",
+                    "-np", "1", "-t", "2", "-a", "smollm2"], f"http://127.0.0.1:{port}/health", tmp / "llama-server.log")
+    config = {**PASS_THROUGH, "state_dir": str(tmp / "state-llama"), "model_aliases": {"claude-*": "auto", "gpt-*": "auto"},
+              "upstreams": [{"name": "llama-server", "base_url": f"http://127.0.0.1:{port}/v1", "models": ["smollm2"],
+                             "read_timeout_s": 300, "max_output_tokens": 48}]}
+    gateway = start(gateway_cmd(config, tmp / "gateway-llama.yaml", gw_port), f"http://127.0.0.1:{gw_port}/healthz",
+                    tmp / "gateway-llama.log")
+    out: dict[str, Any] = {"server": "llama.cpp llama-server (jinja, the GGUF's chat template)", "max_output_tokens": 48}
+    try:
+        for agent in tqdm(agents.AGENTS, desc="against llama-server", unit="agent"):
+            work = tmp / f"llama-{agent.name}"
+            work.mkdir()
+            started = time.perf_counter()
+            run = agents.run(agent, f"http://127.0.0.1:{gw_port}", work, work / "home", "Say hi.", timeout=400)
+            said = run.stdout + run.stderr
+            out[agent.name] = {"exit_code": run.returncode, "seconds": round(time.perf_counter() - started, 1),
+                               "api_errors": [line for line in said.splitlines() if "API Error" in line][:3]}
+    finally:
+        stop(gateway)
+        stop(server)
+    ledger = tmp / "state-llama" / "ledger.sqlite3"
+    import sqlite3
+
+    conn = sqlite3.connect(ledger)
+    try:
+        out["gateway_statuses"] = dict(collections.Counter(str(s) for (s,) in conn.execute("SELECT status FROM requests")))
+    finally:
+        conn.close()
+    log = (tmp / "llama-server.log").read_text(errors="replace")
+    # llama-server logs no per-request status: its finished tasks and its error-level lines
+    out["server_tasks_finished"] = len(re.findall(r"stop processing", log))
+    out["server_errors"] = [line for line in log.splitlines() if re.match(r"^\S+ E ", line)][:5]
+    return out
 
 
 def summarise(agent: agents.Agent, per_path: dict[str, dict[str, Any]]) -> dict[str, Any]:

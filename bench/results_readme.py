@@ -216,6 +216,14 @@ def render_agents(data: dict[str, Any]) -> list[str]:
         dropped = r["gateway"].get("dropped_per_request") or {}
         lines.append(f"- {name}: added per turn p50 {r['added_p50_ms']} ms, p99 {r['added_p99_ms']} ms; dropped per request: "
                      + (", ".join(f"`{k}` {v}" for k, v in dropped.items()) or "none"))
+    llama = data.get("llama_server")
+    if llama:
+        runs = "; ".join(f"{name} exit {llama[name]['exit_code']} in {llama[name]['seconds']} s"
+                         + (f" ({llama[name]['api_errors'][0]})" if llama[name]["api_errors"] else "")
+                         for name in data.get("results", {}) if name in llama)
+        lines += ["", f"Against {llama['server']} (max_output_tokens {llama['max_output_tokens']}): {runs}; gateway statuses "
+                  f"{llama['gateway_statuses']}, server tasks finished {llama['server_tasks_finished']}, server errors "
+                  f"{len(llama['server_errors'])}."]
     return lines
 
 
