@@ -3,12 +3,13 @@
 While the store answers, every admission tells this replica what is left of each limit after it
 (requests and tokens in the minute's window, today's and this month's spend). When the store
 stops answering, the replica admits against that last known remainder divided by the number of
-replicas it knows of (from their heartbeats), plus its share of the rate limits' refill as the
-window moves on:
+replicas it knows of (from their heartbeats), refilled at its share of the limit's rate as the
+window moves on, and never above its share of one window (a token bucket per limit):
 
-    allowed requests since the last known remainder = (left + limit * elapsed / 60) / replicas
+    allowance = min(limit, left + limit * elapsed / 60) / replicas, less what it admitted since
 
-and refuses past it. So a fleet of N replicas admits about the limit in all during an outage,
+and refuses past it: however long a tenant was idle before or during the outage, a replica never
+admits more in one minute than its share of the per-minute limit. So a fleet of N replicas admits about the limit in all during an outage,
 each its 1/N, instead of N fresh allowances. A scope this replica has no remainder for counts
 its rate limits as untouched (their refill is bounded) and its spend as used up: a spend limit is
 never granted blind. A new UTC day or month starts its spend from the limit again.
@@ -17,7 +18,7 @@ never granted blind. A new UTC day or month starts its spend from the limit agai
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.budgets import WINDOW_S, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
@@ -48,6 +49,8 @@ class _Used:
     tokens: int = 0
     day_usd: float = 0.0
     month_usd: float = 0.0
+    # per rate limit ("requests", "tokens"): the bucket's level (this replica's share) and when it was set
+    levels: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class OutageShare:
@@ -83,18 +86,13 @@ class OutageShare:
         for key, name, limits in scopes:
             known = self._known.get(key)
             used = self._used_of(key, known, now, today)
-            elapsed = max(0.0, now - used.since)
-            refill = elapsed / WINDOW_S
             left: Left = known.left if known is not None else (None, None, 0.0, 0.0)
             new_day = known is not None and known.day != today
             new_month = known is not None and known.day[:7] != today[:7]
-            rates = (("requests", limits.requests_per_minute, left[0], used.requests + 1),
-                     ("tokens", limits.tokens_per_minute, left[1], used.tokens + tokens))
-            for unit, per_minute, known_left, wanted in rates:
+            for unit, per_minute, known_left, cost in self._rates(limits, left, tokens):
                 if per_minute is None:
                     continue
-                start = per_minute if known_left is None else known_left
-                if wanted > (max(0.0, start) + per_minute * refill) / n:
+                if cost > self._level(used, unit, per_minute, known_left, n, now):
                     raise LimitExceeded(
                         f"rate limit reached for {name}: this replica's share of {per_minute} {unit} per minute while "
                         "the shared budget store is unreachable",
@@ -117,12 +115,36 @@ class OutageShare:
         """`check`, then count the request against this replica's share."""
         self.check(scopes, tokens, reserve_usd, replicas, now)
         today = _day(now)
-        for key, _, _ in scopes:
-            used = self._used_of(key, self._known.get(key), now, today)
+        n = max(1, replicas)
+        for key, _, limits in scopes:
+            known = self._known.get(key)
+            used = self._used_of(key, known, now, today)
+            left: Left = known.left if known is not None else (None, None, 0.0, 0.0)
+            for unit, per_minute, known_left, cost in self._rates(limits, left, tokens):
+                if per_minute is not None:
+                    used.levels[unit] = (self._level(used, unit, per_minute, known_left, n, now) - cost, now)
             used.requests += 1
             used.tokens += tokens
             used.day_usd += reserve_usd
             used.month_usd += reserve_usd
+
+    @staticmethod
+    def _rates(limits: Limits, left: Left, tokens: int) -> tuple[tuple[str, int | None, float | None, int], ...]:
+        """(unit, per-minute limit, last known remainder, what this request takes) of each rate limit."""
+        return (("requests", limits.requests_per_minute, left[0], 1), ("tokens", limits.tokens_per_minute, left[1], tokens))
+
+    @staticmethod
+    def _level(used: _Used, unit: str, per_minute: int, known_left: float | None, n: int, now: float) -> float:
+        """This replica's allowance for one rate limit now: its bucket, refilled at its share of the
+        limit's rate and capped at its share of one window."""
+        cap = per_minute / n
+        previous = used.levels.get(unit)
+        if previous is None:
+            start = per_minute if known_left is None else known_left
+            level, since = max(0.0, start) / n, used.since
+        else:
+            level, since = previous
+        return min(cap, level + cap * max(0.0, now - since) / WINDOW_S)
 
     def settle(self, scopes: list[str], reserved_usd: float, cost_usd: float, now: float) -> None:
         """Replace a request's reservation by what it cost (its tokens were counted at admission)."""

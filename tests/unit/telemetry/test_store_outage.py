@@ -132,3 +132,34 @@ def test_a_scope_never_seen_is_refused_its_spend_but_not_its_rate() -> None:
     share.admit(spend, 1, 1.0, replicas=2, now=1002.0)
     with pytest.raises(LimitExceeded):
         share.admit(spend, 1, 0.5, replicas=2, now=1003.0)  # 2 of the 4 left are this replica's half
+
+
+@pytest.mark.parametrize("idle_s", [150.0, 3600.0])
+def test_an_outage_never_admits_more_than_one_window_after_an_idle_spell(idle_s: float) -> None:
+    """A 20/min tenant idle 150 s (or an hour) before the store pauses: at most 20 at once, then 20 a minute."""
+    share = OutageShare()
+    scope = [("acme", "tenant 'acme'", Limits(requests_per_minute=20))]
+    share.learn("acme", (19.0, None, None, None), now=1000.0)  # one request in the window when last heard
+    now = 1000.0 + idle_s
+    admitted = 0
+    for _ in range(100):
+        try:
+            share.admit(scope, 1, 0.0, replicas=1, now=now)
+        except LimitExceeded:
+            break
+        admitted += 1
+    assert admitted == 20  # before the fix: 69 after 150 s, 1,219 after an hour
+    with pytest.raises(LimitExceeded):
+        share.admit(scope, 1, 0.0, replicas=1, now=now + 2.0)  # under one more request's refill
+    share.admit(scope, 1, 0.0, replicas=1, now=now + 3.1)  # 20 a minute: one every 3 s
+    two = [("acme", "tenant 'acme'", Limits(requests_per_minute=20))]
+    fleet = OutageShare()
+    fleet.learn("acme", (20.0, None, None, None), now=0.0)
+    halves = 0
+    for _ in range(100):
+        try:
+            fleet.admit(two, 1, 0.0, replicas=2, now=idle_s)
+        except LimitExceeded:
+            break
+        halves += 1
+    assert halves == 10  # each of two replicas: half the window
