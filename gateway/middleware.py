@@ -90,10 +90,12 @@ def build_middleware(keys: KeyTable) -> Middleware:
         if telemetry is None:
             return await _handle(request, handler)
         with telemetry.server_span(request) as span:
-            response = await _handle(request, handler)
-            ctx = request.get(CONTEXT)
-            if ctx is not None:
-                span.bind(ctx)
+            try:
+                response = await _handle(request, handler)
+            finally:
+                ctx = request.get(CONTEXT)
+                if ctx is not None:
+                    span.bind(ctx)  # a client that left mid-answer is still this request's (status 499)
             span.set_status_code(response.status)
             return response
 
@@ -130,6 +132,11 @@ def build_middleware(keys: KeyTable) -> Middleware:
                 raise
             err = GatewayError(exc.reason or "request failed", status=exc.status, type="invalid_request_error")
             return error_response(err, rid, received, render=render)
+        except ConnectionError:
+            # the client left while its answer was written (the ledger row says 499): aiohttp drops the
+            # connection quietly; nothing failed on the gateway's side
+            log.debug("client left during request %s", rid)
+            raise
         except Exception as exc:
             log.exception("unhandled error in request %s", rid)
             return error_response(render_unexpected(exc), rid, received, render=render)

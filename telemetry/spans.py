@@ -8,6 +8,7 @@ gateway passing it around.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from typing import Any
@@ -35,6 +36,8 @@ def _error_type(exc: BaseException) -> tuple[str, int]:
         return exc.code or "rate_limit_exceeded", 429
     if isinstance(exc, PolicyError):
         return exc.code or "invalid_request_error", 400
+    if isinstance(exc, ConnectionError | asyncio.CancelledError):
+        return "client_closed_request", 499  # the client left: what the ledger records too
     return type(exc).__qualname__, 500
 
 
