@@ -252,6 +252,11 @@ class ResponsesSettings(_Strict):
     """Stored responses of the Responses API (`store: true`, the API's default)."""
 
     ttl_s: float = Field(30 * 86400.0, gt=0, description="a stored response is deleted this long after it was made")
+    max_records_per_tenant: int = Field(
+        10_000, ge=1, description="stored responses one tenant may hold; a request with store: true past it is a 429 "
+        "insufficient_quota (store: false, DELETE or expiry make room)")
+    max_bytes_per_tenant: int = Field(
+        256 * 1024 * 1024, ge=1024, description="bytes of stored responses one tenant may hold (the same 429 past it)")
 
 
 class ApisSettings(_Strict):

@@ -29,7 +29,7 @@ from gateway.apis.common import (
     session_key,
     sse,
 )
-from gateway.apis.response_store import ResponseStore, StoreFailed
+from gateway.apis.response_store import QuotaExceeded, ResponseStore, StoreFailed
 from gateway.apis.responses_tools import ToolSet
 from gateway.apis.responses_wire import (
     ResponsesRequest,
@@ -63,7 +63,7 @@ class Turn:
     created_at: int
     tenant: str
     inputs: list[dict[str, Any]]  # this request's input items
-    context: list[dict[str, Any]]  # the items of the conversation before them
+    context: list[dict[str, Any]]  # the items of the conversation before them (read from the chain, never stored)
     store: ResponseStore | None  # None: store false, nothing is kept
     model: str = ""  # the model name the client asked for: what the Response carries
     tools: ToolSet = field(default_factory=ToolSet)  # chat tool name -> the client's tool (custom, namespaced, ...)
@@ -85,7 +85,9 @@ class Turn:
         headers are not yet sent)."""
         if self.store is None:
             return
-        record = {"response": response, "input": self.inputs, "context": self.context, "session": self.session}
+        # a link to the turn before, not a copy of the conversation: a chain stores each turn once
+        record = {"response": response, "input": self.inputs, "previous": self.req.previous_response_id,
+                  "session": self.session}
         try:
             await self.store.put(self.tenant, self.id, record)
         except (StoreFailed, OSError, ConnectionError, TimeoutError) as exc:
@@ -250,20 +252,61 @@ def _session(request: web.Request, req: ResponsesRequest, previous: dict[str, An
                        request.headers.get(SESSION_HEADER))
 
 
+# The most turns a previous_response_id chain is read back through (one store read each).
+MAX_CHAIN = 512
+
+
+async def read_chain(store: ResponseStore, tenant: str, response_id: str, max_bytes: int,
+                     max_items: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The items of the conversation up to and including `response_id` (its input and output), and
+    its record. Bounded: at most MAX_CHAIN links, `max_bytes` of records and `max_items` items are
+    read; a turn whose record expired or was deleted ends the conversation there."""
+    records: list[dict[str, Any]] = []
+    size = items = 0
+    link: str | None = response_id
+    while link is not None:
+        record = await store.get(tenant, link)
+        if record is None:
+            if not records:
+                raise _not_found(response_id, "previous_response_id")
+            break  # an earlier turn expired or was deleted: the conversation starts after it
+        records.append(record)
+        size += len(orjson.dumps(record))
+        items += len(record.get("context") or ()) + len(record["input"]) + len(record["response"].get("output") or ())
+        if size > max_bytes or items > max_items or len(records) > MAX_CHAIN:
+            raise PayloadTooLarge(
+                f"the conversation of previous_response_id is longer than the gateway reads back ({MAX_CHAIN} turns, "
+                f"server.max_body_bytes {max_bytes}, server.max_items {max_items}); start a new conversation",
+                param="previous_response_id")
+        link = record.get("previous") if not record.get("context") else None  # older records carry a copy
+    conversation: list[dict[str, Any]] = []
+    for record in reversed(records):
+        conversation += [*(record.get("context") or ()), *record["input"], *(record["response"].get("output") or ())]
+    return conversation, records[0]
+
+
 async def create_response(request: web.Request) -> web.StreamResponse:
     raw = await read_json(request)
     req = protocol.check(ResponsesRequest, raw)
     tenant = request[PRINCIPAL].tenant
     store = _store(request)
+    settings = request.app[SETTINGS]
+    server = settings.server
+    if req.store:
+        used = await store.usage(tenant)
+        quota = settings.responses
+        if used.records >= quota.max_records_per_tenant or used.bytes >= quota.max_bytes_per_tenant:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} holds {used.records} stored responses ({used.bytes} bytes), its quota "
+                f"(responses.max_records_per_tenant {quota.max_records_per_tenant}, max_bytes_per_tenant "
+                f"{quota.max_bytes_per_tenant}); send store: false, or DELETE responses no longer needed",
+                param="store")
     context: list[dict[str, Any]] = []
     previous = None
     if req.previous_response_id is not None:
-        previous = await store.get(tenant, req.previous_response_id)
-        if previous is None:
-            raise _not_found(req.previous_response_id, "previous_response_id")
-        context = [*previous["context"], *previous["input"], *previous["response"]["output"]]
+        context, previous = await read_chain(store, tenant, req.previous_response_id, server.max_body_bytes,
+                                             server.max_items)
     inputs = input_items(req)
-    server = request.app[SETTINGS].server
     if context:
         # the conversation a chain assembles is bounded like one request's body
         protocol.check_items({"input": [*context, *inputs]}, server.max_items)

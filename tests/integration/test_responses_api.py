@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from gateway.auth import hash_key
+from gateway.keys import SERVICES
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
@@ -194,3 +196,32 @@ def test_a_chain_is_bounded_like_one_request(bg, make_gateway):
         sdk.responses.create(model="m", input="c" * 1000, previous_response_id=second.id)
     assert too_big.value.status_code == 413 and too_big.value.body["param"] == "previous_response_id"
     assert len(rec.bodies) == 2  # the oversized conversation never went upstream
+
+
+@pytest.mark.parametrize("backend", ["embedded", "redis"])
+def test_stored_responses_are_held_to_a_per_tenant_quota_and_chains_are_links(bg, make_gateway, request, backend):
+    rec = Recorder()
+    up = RunningApp(bg, fault_app("ok", rec, text="Noted."))
+    keys = [{"sha256": hash_key(KEY_A), "tenant": "a"}, {"sha256": hash_key(KEY_B), "tenant": "b"}]
+    state = {"backend": "redis", "url": request.getfixturevalue("valkey").url, "op_timeout_ms": 1000} if backend == "redis" else {}
+    gw = make_gateway(upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"])], auth={"mode": "keys", "keys": keys},
+                      responses={"max_records_per_tenant": 3}, state=state)
+    sdk = client(gw, KEY_A)
+    first = sdk.responses.create(model="m", input="x" * 3000)
+    second = sdk.responses.create(model="m", input="Go on.", previous_response_id=first.id)
+    third = sdk.responses.create(model="m", input="And?", previous_response_id=second.id)
+    # the chain is read back through its links: the whole conversation reached the upstream
+    assert [m["content"] for m in rec.bodies[-1]["messages"]] == ["x" * 3000, "Noted.", "Go on.", "Noted.", "And?"]
+    with pytest.raises(openai.RateLimitError) as full:  # a fourth stored response: past the quota, before any work
+        sdk.responses.create(model="m", input="More.", previous_response_id=third.id)
+    assert full.value.body["code"] == "insufficient_quota" and full.value.body["type"] == "insufficient_quota"
+    assert len(rec.bodies) == 3
+    assert sdk.responses.create(model="m", input="More.", previous_response_id=third.id, store=False).output_text
+    assert client(gw, KEY_B).responses.create(model="m", input="Hi.").output_text  # another tenant's quota
+    sdk.responses.delete(second.id)  # room again; the chain now starts after the deleted turn
+    sdk.responses.create(model="m", input="Last.", previous_response_id=third.id)
+    assert [m["content"] for m in rec.bodies[-1]["messages"]] == ["And?", "Noted.", "Last."]
+    store = gw.app[SERVICES].responses
+    record = bg.call(store.get("a", third.id))
+    assert record["previous"] == second.id and "context" not in record  # a link, not a copy
+    assert len(orjson.dumps(record)) < 3000  # the first turn's 3,000 characters are stored once, in its own record

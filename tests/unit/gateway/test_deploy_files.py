@@ -207,3 +207,22 @@ def test_the_wheel_carries_every_data_file_of_the_packages() -> None:
         if p.is_file() and p.suffix not in (".py", ".pyc", ".md") and "__pycache__" not in p.parts
     }
     assert not sorted(str(p.relative_to(REPO)) for p in data - shipped)
+
+
+def test_the_shipped_valkey_has_a_memory_bound_below_its_container_limit() -> None:
+    """Past maxmemory Valkey refuses writes (noeviction: spend is never silently evicted), which the
+    gateway treats as a store outage; without it the container is killed at its memory limit."""
+    for _, doc in manifests():
+        if doc.get("kind") == "Deployment" and doc["metadata"]["name"] == "tierlane-valkey":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            args = container["args"]
+            assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+            maxmemory = args[args.index("--maxmemory") + 1]
+            assert maxmemory.endswith("mb") and int(maxmemory[:-2]) * 2**20 < 2**30  # the container's 1Gi limit
+            assert container["resources"]["limits"]["memory"] == "1Gi"
+            break
+    else:
+        raise AssertionError("no tierlane-valkey Deployment in deploy/k8s")
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yaml").read_text(encoding="utf-8"))
+    command = next(s["command"] for s in compose["services"].values() if s.get("command", [""])[0] == "valkey-server")
+    assert "--maxmemory" in command and command[command.index("--maxmemory-policy") + 1] == "noeviction"

@@ -242,3 +242,40 @@ def test_the_api_and_the_dropped_fields_are_on_the_span_attributes():
     attributes = request_attributes(chat_context(request, body, "messages", dropped))
     assert attributes["tierlane.api"] == "messages"
     assert attributes["tierlane.dropped_fields"] == "speed,thinking"
+
+
+def test_the_sqlite_store_counts_each_tenants_usage_and_expiry_makes_room(tmp_path):
+    async def run() -> None:
+        store = SqliteResponseStore(tmp_path / "r.sqlite3", ttl_s=60)
+        await store.start()
+        try:
+            await store.put("a", "resp_1", {"x": "1" * 100})
+            await store.put("a", "resp_2", {"x": "2" * 100})
+            await store.put("b", "resp_3", {"x": 3})
+            used = await store.usage("a")
+            assert used.records == 2 and used.bytes > 200
+            assert await store.delete("a", "resp_1") and (await store.usage("a")).records == 1
+            assert not await store.delete("a", "resp_1") and (await store.usage("a")).records == 1
+        finally:
+            await store.close()
+        reopened = SqliteResponseStore(tmp_path / "r.sqlite3", ttl_s=60)
+        await reopened.start()  # counted again from the file
+        try:
+            assert (await reopened.usage("a")).records == 1 and (await reopened.usage("b")).records == 1
+        finally:
+            await reopened.close()
+        expiring = SqliteResponseStore(tmp_path / "e.sqlite3", ttl_s=0.05)
+        await expiring.start()
+        try:
+            await expiring.put("a", "resp_1", {"x": 1})
+            await asyncio.sleep(0.1)
+            for i in range(300):  # a sweep of expired rows comes every 256 writes and counts again
+                await expiring.put("c", f"resp_{i}", {"x": i})
+            await asyncio.sleep(0.3)
+            await expiring.put("c", "last", {"x": 0})
+            await asyncio.sleep(0.2)
+            assert (await expiring.usage("a")).records == 0
+        finally:
+            await expiring.close()
+
+    asyncio.run(run())
