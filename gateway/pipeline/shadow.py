@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.context import Outcome, RequestContext
+from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
 from policies.cache.error_bound import BoundParams
 
@@ -77,6 +78,7 @@ class ShadowConfig:
     max_concurrency: int = 2
     max_pending: int = 32
     seed: int | None = None
+    max_tokens: int = 1024  # the most completion tokens one shadow call asks for (the client's ask may be 60,000)
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ShadowConfig:
@@ -95,6 +97,7 @@ class ShadowConfig:
             max_concurrency=concurrency,
             max_pending=max(concurrency, int(section.get("max_pending", 32))),
             seed=section.get("seed"),
+            max_tokens=max(1, int(section.get("max_tokens", 1024))),
         )
 
 
@@ -296,10 +299,19 @@ class ShadowHook:
         task.add_done_callback(self._tasks.discard)
 
     def _target(self, ctx: RequestContext, config: ShadowConfig) -> tuple[str, str]:
+        """The pool and model a shadow call asks: the policy's, else the model that answered (a cache
+        hit's stored answer names it), never `auto` or a name no upstream serves."""
         pool = self.services.pool
         names = pool.pool_names()
         wanted = config.pool or self.services.policy.section("lanes").get("upstream", {}).get("pool")
         model = config.model or ctx.model
+        if pool.pool_for_model(model) is None or model == AUTO:
+            answered = ctx.target_model
+            if answered and answered != AUTO and pool.pool_for_model(answered) is not None:
+                model = answered
+            else:
+                fallback = wanted if wanted in names else names[0]
+                model = pool.default_model(fallback) or model
         name = wanted if wanted in names else pool.pool_for_model(model) or names[0]
         return name, model
 
@@ -309,8 +321,12 @@ class ShadowHook:
         try:
             async with self._gate:
                 pool_name, model = self._target(ctx, config)
-                body = {k: v for k, v in ctx.body.items() if k not in ("stream", "stream_options")}
+                body = {k: v for k, v in ctx.body.items()
+                        if k not in ("stream", "stream_options", "max_tokens", "max_completion_tokens")}
                 body["model"] = model
+                asked = ctx.request.output_limit if ctx.request is not None else ctx.body.get("max_tokens")
+                asked = asked if isinstance(asked, int) and asked > 0 else None
+                body["max_tokens"] = min(asked or config.max_tokens, config.max_tokens)  # bounded spend per call
                 reply = await self.services.pool.send(
                     pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
                     client_authorization=ctx.headers.get("Authorization"),

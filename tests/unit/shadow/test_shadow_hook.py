@@ -149,3 +149,28 @@ async def test_tenant_override_turns_sampling_on_for_one_tenant(make_services: M
     await hook.on_complete(ctx_for("edge"), done("hello again"))
     await hook.drain()
     assert rec.hits == 2
+
+
+async def test_an_auto_hit_is_re_asked_of_the_model_that_answered_with_bounded_tokens(
+        tmp_path: Path, embedder: Any, upstream: Any) -> None:
+    app, rec = upstream
+    settings = Settings.load(env={}, overrides={**PASS_THROUGH, "state_dir": str(tmp_path / "state"),
+                                                "upstreams": [upstream_cfg("up", app.url + "/v1", retries=0,
+                                                                           models=["small", "big"])]})
+    policy = Policy.load(extra={"shadow": {"sample_rate": 1.0, "seed": 0, "max_tokens": 256}})
+    pool = UpstreamPool(settings)
+    await pool.start()
+    try:
+        services = Services(settings=settings, policy=policy, pool=pool, embedder=embedder)
+        hook = shadow.build(services)
+        assert hook is not None
+        hit = ctx_for("cache")
+        hit.body["max_tokens"] = 60_000
+        hit.target_model = "big"  # the model named in the stored answer
+        await hook.on_complete(hit, done(UPSTREAM_ANSWER))
+        unknown = ctx_for("edge")
+        await hook.on_complete(unknown, done(UPSTREAM_ANSWER))  # answered by no upstream model: the pool's first
+        await hook.drain()
+        assert [(body["model"], body["max_tokens"]) for body in rec.bodies] == [("big", 256), ("small", 16)]
+    finally:
+        await pool.close()
