@@ -20,7 +20,7 @@ from gateway.capabilities import EdgeCapabilities
 from gateway.cascade import Cascade
 from gateway.context import Answer, RequestContext, RouteDecision, request_prompt
 from gateway.errors import PermissionDenied, UpstreamUnavailable
-from gateway.lanes import FORCEABLE, ROUTE_HEADER
+from gateway.lanes import AUTO, FORCEABLE, ROUTE_HEADER
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.router.features import Prompt, last_user_text
@@ -94,8 +94,19 @@ class RouteStage:
                 param=ROUTE_HEADER,
             )
         if not ctx.auto:
-            await self._explicit(ctx, rules, forced=header in FORCEABLE)
-            return None
+            if not rules.allows_model(ctx.model):
+                raise PermissionDenied(
+                    f"tenant {ctx.principal.tenant!r} app {ctx.principal.app!r} may not ask for model {ctx.model!r} by "
+                    "name (lanes.models); send model 'auto' or one of its models", param="model")
+            tier = self._named_tier(ctx, rules)
+            if tier is not None and rules.tier_names == "auto" and header not in FORCEABLE:
+                # a tier's model by name goes through the router like `auto` (lanes.tier_names: auto)
+                ctx.attributes["tierlane.route.named_model"] = ctx.model
+                ctx.model = AUTO
+            else:
+                await self._explicit(ctx, rules, forced=header in FORCEABLE)
+                ctx.tier = tier if ctx.lane == "upstream" else None
+                return None
         if header in FORCEABLE:
             lane, reason = self._reachable(header, "forced", rules)
             if lane == "edge":
@@ -155,6 +166,16 @@ class RouteStage:
             return None
         decision, target = RoutePolicy.decide_with(rules, score)
         self._apply(ctx, decision, target, rules)
+        return None
+
+    def _named_tier(self, ctx: RequestContext, rules: RouteRules) -> str | None:
+        """The upstream tier whose model a request names explicitly (None: no tiers, or none matches)."""
+        if rules.tiers is None or ctx.lane != "upstream" or ctx.target_model is None:
+            return None
+        for tier, target in rules.tiers.items():
+            pool, model = self._upstream_target(ctx, target)
+            if model == ctx.target_model and (pool is None or ctx.pool is None or pool == ctx.pool):
+                return tier
         return None
 
     async def _explicit(self, ctx: RequestContext, rules: RouteRules, forced: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +39,15 @@ class RouteRules:
     edge: LaneTarget
     upstream: LaneTarget
     tiers: dict[str, LaneTarget] | None = None  # both of TIERS, or None: one upstream tier (`upstream`)
+    models: tuple[str, ...] | None = None  # `lanes.models`: the model names (globs) it may name; None: any
+    tier_names: str = "direct"  # `lanes.tier_names`: a named tier model is served directly, or routed as `auto`
 
     def allows(self, lane: str) -> bool:
         return lane in self.lanes
+
+    def allows_model(self, model: str) -> bool:
+        """Whether this tenant/app may name `model` (after aliases); `auto` is always allowed."""
+        return self.models is None or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
 
     def target_for(self, lane: str) -> LaneTarget:
         return self.edge if lane == "edge" else self.upstream
@@ -159,7 +166,15 @@ class RoutePolicy:
         pool_cfg = (upstream.get("pools") or {}).get(pool)
         if pool_cfg is None:
             raise ValueError(f"lanes.upstream.pool {pool!r} is not listed under lanes.upstream.pools")
+        models = lanes_sec.get("models")
+        if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
+            raise ValueError("lanes.models must be a list of model names (globs allowed) or null")
+        tier_names = str(lanes_sec.get("tier_names") or "direct")
+        if tier_names not in ("direct", "auto"):
+            raise ValueError(f"lanes.tier_names must be direct or auto, got {tier_names!r}")
         return RouteRules(
+            models=None if models is None else tuple(models),
+            tier_names=tier_names,
             threshold=self._threshold(mode, value),
             target=f"{mode}={value:g}",
             allow_force=bool(router_sec.get("allow_force", True)),

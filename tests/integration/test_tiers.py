@@ -132,3 +132,41 @@ def test_an_escalated_edge_answer_goes_to_the_routers_tier_and_its_cost_is_nette
     # the strong tier served it: against all-strong it saved nothing, and lost the edge's attempt
     assert usage["saved_vs_strong_usd"] == pytest.approx(saved_edge, abs=1e-9)
     assert usage["cost_usd"] == pytest.approx(cost("big-70b") - saved_edge, abs=1e-9)
+
+
+def test_a_named_tier_model_is_recorded_with_its_tier_allow_listed_and_optionally_routed(bg, make_gateway,
+                                                                                         tmp_path: Path) -> None:
+    cheap, strong = Recorder(), Recorder()
+    cost_up = RunningApp(bg, fault_app("ok", cheap, text="from cost"))
+    strong_up = RunningApp(bg, fault_app("ok", strong, text="from strong"))
+    keys = [{"sha256": hash_key(POOR), "tenant": "poor", "app": "web"},
+            {"sha256": hash_key(RICH), "tenant": "rich", "app": "web"}, {"sha256": hash_key(ADMIN), "tenant": "ops"},
+            {"sha256": hash_key("tl-root"), "tenant": "root", "admin": True}]
+    lanes = {**POLICY["lanes"], "overrides": [
+        {"match": {"tenant": "poor"}, "set": {"tier_names": "auto"}},
+        {"match": {"tenant": "ops"}, "set": {"models": ["small-*"]}}]}
+    gw = make_gateway(
+        base={**PASS_THROUGH, "embedder": {"enabled": True}, "policy": {**POLICY, "lanes": lanes}},
+        auth={"mode": "keys", "keys": keys}, model_aliases={"gpt-big": "big-70b"},
+        upstreams=[upstream_cfg("cheap", cost_up.url + "/v1", models=["small-8b"], pool="standard"),
+                   upstream_cfg("strong", strong_up.url + "/v1", models=["big-70b"], pool="critical")],
+    )
+
+    def named(key: str, model: str) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": "What is the capital of Italy?"}], "max_tokens": 4}
+        return httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+    rich = named(RICH, "gpt-big")  # an alias of the strong tier's model, served by it (tier_names: direct)
+    assert rich.status_code == 200 and rich.json()["choices"][0]["message"]["content"] == "from strong"
+    poor = named(POOR, "big-70b")  # tier_names: auto for this tenant: the router picks (threshold 1: cost)
+    assert poor.status_code == 200 and poor.json()["choices"][0]["message"]["content"] == "from cost"
+    assert "tier=cost" in poor.headers["x-tierlane-lane"]
+    refused = named(ADMIN, "big-70b")  # lanes.models: small-* only
+    assert refused.status_code == 403 and "lanes.models" in refused.json()["error"]["message"]
+    assert named(ADMIN, "small-8b").status_code == 200
+    flushed = httpx.get(gw.url + "/v1/usage", headers={"Authorization": "Bearer tl-root"}, timeout=30)  # flushes the ledger
+    assert flushed.status_code == 200
+    with sqlite3.connect(tmp_path / "state" / "ledger.sqlite3") as conn:
+        rows = conn.execute("SELECT tenant, tier, model, status FROM requests ORDER BY id").fetchall()
+    assert sorted(rows, key=str) == sorted([("rich", "strong", "big-70b", 200), ("poor", "cost", "small-8b", 200),
+                                            ("ops", None, "big-70b", 403), ("ops", "cost", "small-8b", 200)], key=str)
