@@ -397,7 +397,28 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
                n=during.get("n"), n_of="plain requests"),
         target("over-admission per replica through a 3 s store pause (on_outage: local_share)",
                default.get("beyond_limit_per_replica"), "<=", 1, n=default.get("asked_during_pause"), n_of="requests asked"),
+        *_hostile_bodies(d.get("bodies", {})),
     ]
+
+
+def _hostile_bodies(b: dict[str, Any]) -> list[Record]:
+    if not b:
+        return []
+    out = [target("5xx answers over the hostile-body run", b.get("responses_5xx"), "==", 0,
+                  n=sum(f["sent"] for f in b.get("families", {}).values()), n_of="hostile requests")]
+    for family, f in b.get("families", {}).items():
+        other = f.get("other_tenant", {})
+        out.append(target(f"{family}: another tenant's worst request ms while it ran", other.get("max_ms"), "<=", 250,
+                          n=other.get("n"), n_of="plain requests"))
+        out.append(target(f"{family}: peak RSS growth MB", f.get("peak_rss_growth_mb"), "<=", 64, n=f.get("sent"),
+                          n_of="hostile requests"))
+    quota = b.get("store_quota_bytes_per_tenant")
+    mallory = (b.get("stored_by_tenant") or {}).get("mallory", {}).get("bytes", 0)
+    if quota:
+        # a tenant's last admitted record may pass the quota by at most one record (checked before the answer)
+        out.append(target("the hostile tenant's stored bytes, over its quota plus one request",
+                          round(mallory / (quota + 1_100_000), 4), "<=", 1, n=1, n_of="store"))
+    return out
 
 
 def _tiers(d: dict[str, Any]) -> list[Record]:

@@ -9,6 +9,12 @@
    minute in a real Valkey; 16 requests are spread over both, then the store is paused for 3 s
    (CLIENT PAUSE) while both keep asking. Admitted during the pause beside what was left, per
    outage mode, side by side.
+3. Bodies: a gateway process (keys mode, cache, embedder, budgets, a fixed-answer upstream) gets
+   the request bodies that once froze it or filled its store, each family within the body limit,
+   while another tenant sends plain chat requests one after another: per family, the worst and
+   the p99 latency of that tenant's requests while it ran (beside the same requests with no
+   hostile traffic), the gateway's peak RSS growth, 5xx answers, and the hostile tenant's stored
+   responses against its quota.
 
 Writes bench/results/hostile_inputs.json. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile_inputs.py
 """
@@ -25,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._harness import free_port, gateway_cmd, pct, start, stop, write
+from bench._harness import RESULTS, free_port, gateway_cmd, pct, start, stop, write
 from bench._verdicts import verdicts
 from gateway.auth import hash_key
 
@@ -198,10 +205,148 @@ async def outage(work: Path) -> dict[str, Any]:
     }
 
 
+def _marks(n: int) -> str:
+    """N combining acute accents then N combining graves below: CPython's NFKC reordering is O(N^2) on it."""
+    return "a" + "\u0301" * n + "\u0316" * n
+
+
+BODY_FAMILIES: dict[str, tuple[str, Any, int]] = {
+    # family: (path, body, times sent)
+    "combining marks 156 KB, chat": ("/v1/chat/completions", {"model": "fast-model", "max_tokens": 4,
+                                     "messages": [{"role": "user", "content": _marks(39_000)}]}, 2),
+    "combining marks 3.9 MB, messages": ("/v1/messages", {"model": "fast-model", "max_tokens": 4,
+                                         "messages": [{"role": "user", "content": _marks(990_000)}]}, 1),
+    "combining marks 1 MB, responses": ("/v1/responses", {"model": "fast-model", "max_output_tokens": 4, "store": False,
+                                        "input": _marks(250_000)}, 1),
+    "count_tokens 3.9 MB of punctuation": ("/v1/messages/count_tokens", {"model": "fast-model",
+                                           "messages": [{"role": "user", "content": "!?" * 1_950_000}]}, 2),
+    "responses 120k items": ("/v1/responses", {"model": "fast-model", "store": False,
+                             "input": [{"role": "user", "content": "x"}] * 120_000}, 2),
+    "stored responses 1 MB each": ("/v1/responses", {"model": "fast-model", "max_output_tokens": 4,
+                                   "input": "y" * 1_000_000}, 24),
+}
+STORE_QUOTA_BYTES = 16 * 1024 * 1024
+
+
+def _rss_kb(pid: int, field: str = "VmHWM") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def bodies(work: Path) -> dict[str, Any]:
+    up_port, gw_port = free_port(), free_port()
+    upstream = start([sys.executable, str(Path(__file__).with_name("fast_upstream.py")), "--port", str(up_port)],
+                     f"http://127.0.0.1:{up_port}/v1/models", work / "upstream-bodies.log")
+    config = {
+        "auth": {"mode": "keys", "keys": [{"sha256": hash_key(HOSTILE_KEY), "tenant": "mallory"},
+                                          {"sha256": hash_key(PLAIN_KEY), "tenant": "alice"}]},
+        "state_dir": str(work / "state-bodies"),
+        "upstreams": [{"name": "fast", "base_url": f"http://127.0.0.1:{up_port}/v1", "models": ["fast-model"], "retries": 0}],
+        "edge": {"enabled": False},
+        "responses": {"max_bytes_per_tenant": STORE_QUOTA_BYTES},
+        "policy": {"budgets": {"enabled": True, "tenant": {"requests_per_minute": 100_000}}},
+    }
+    gateway = start(gateway_cmd(config, work / "gateway-bodies.yaml", gw_port), f"http://127.0.0.1:{gw_port}/readyz",
+                    work / "gateway-bodies.log")
+    url = f"http://127.0.0.1:{gw_port}"
+    stamps: list[tuple[float, float]] = []  # (start, seconds) of each plain request
+    failures: list[int] = []
+    stop_event = threading.Event()
+
+    def plain() -> None:
+        body = {"model": "fast-model", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4}
+        with httpx.Client(timeout=120) as client:
+            while not stop_event.is_set():
+                t0 = time.perf_counter()
+                r = client.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {PLAIN_KEY}"})
+                stamps.append((t0, time.perf_counter() - t0))
+                if r.status_code != 200:
+                    failures.append(r.status_code)
+
+    def window(lo: float, hi: float) -> list[float]:
+        return [sec for start_at, sec in stamps if start_at + sec >= lo and start_at <= hi]
+
+    families: dict[str, Any] = {}
+    try:
+        thread = threading.Thread(target=plain)
+        thread.start()
+        time.sleep(5)
+        quiet = window(0, time.perf_counter())
+        with httpx.Client(timeout=300) as client:
+            for family, (path, body, times) in tqdm(BODY_FAMILIES.items(), desc="hostile bodies", unit="family"):
+                payload = orjson.dumps(body)
+                hwm_before = _rss_kb(gateway.pid)
+                statuses: dict[str, int] = {}
+                lo = time.perf_counter()
+                slowest = 0.0
+                for _ in range(times):
+                    t0 = time.perf_counter()
+                    try:
+                        r = client.post(url + path, content=payload, headers={"Authorization": f"Bearer {HOSTILE_KEY}",
+                                                                              "Content-Type": "application/json"})
+                        key = str(r.status_code)
+                    except httpx.TransportError:
+                        key = "connection lost"
+                    statuses[key] = statuses.get(key, 0) + 1
+                    slowest = max(slowest, time.perf_counter() - t0)
+                time.sleep(0.3)  # plain requests stuck behind the last one end inside the window
+                seen = window(lo, time.perf_counter())
+                families[family] = {
+                    "body_bytes": len(payload), "sent": times, "statuses": statuses,
+                    "slowest_hostile_s": round(slowest, 3),
+                    "other_tenant": {"n": len(seen), "p99_ms": round(pct(seen, 0.99) * 1000, 1) if seen else None,
+                                     "max_ms": round(max(seen) * 1000, 1) if seen else None},
+                    "peak_rss_growth_mb": round((_rss_kb(gateway.pid) - hwm_before) / 1024, 1),
+                }
+        stop_event.set()
+        thread.join()
+        store = work / "state-bodies" / "responses.sqlite3"
+        import sqlite3
+
+        conn = sqlite3.connect(store)
+        try:
+            stored = {t: {"records": n, "bytes": b} for t, n, b in conn.execute(
+                "SELECT tenant, COUNT(*), SUM(LENGTH(record)) FROM responses GROUP BY tenant")}
+        finally:
+            conn.close()
+    finally:
+        stop_event.set()
+        stop(gateway)
+        stop(upstream)
+    return {
+        "body_limit_bytes": 4 * 1024 * 1024,
+        "store_quota_bytes_per_tenant": STORE_QUOTA_BYTES,
+        "other_tenant_quiet": {"n": len(quiet), "p99_ms": round(pct(quiet, 0.99) * 1000, 1),
+                               "max_ms": round(max(quiet) * 1000, 1)},
+        "other_tenant_failures": len(failures),
+        "families": families,
+        "stored_by_tenant": stored,
+        "responses_5xx": sum(n for f in families.values() for k, n in f["statuses"].items() if k.startswith("5")),
+    }
+
+
+PARTS = ("schemas", "outage", "bodies")
+
+
 def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated parts to run; the result file keeps "
+                        "the others' last figures")
+    wanted = [p.strip() for p in parser.parse_args().parts.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; parts are {', '.join(PARTS)}")
+    previous = RESULTS / "hostile_inputs.json"
+    kept = json.loads(previous.read_text()) if previous.exists() else {}
     with tempfile.TemporaryDirectory(prefix="tierlane-hostile-") as tmp:
         work = Path(tmp)
-        result = {"schemas": schemas(work), "outage": asyncio.run(outage(work))}
+        runs = {"schemas": lambda: schemas(work), "outage": lambda: asyncio.run(outage(work)), "bodies": lambda: bodies(work)}
+        result = {part: runs[part]() if part in wanted else kept.get(part, {}) for part in PARTS}
     path = write("hostile_inputs", {**result, "verdicts": verdicts("hostile_inputs", result)})
     print(path.read_text())
 

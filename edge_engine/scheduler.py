@@ -350,14 +350,19 @@ class Scheduler:
         fewest running requests, then arrival. While another tenant is running, waiting, or
         submitted within TENANTS_SEEN_S, no tenant takes more than edge.tenant_slot_share of the
         slots, so the rest stay free for the others: another tenant's request is admitted at the
-        next step and its prompt goes first (the shortest ingestion left goes first).
+        next step and its prompt goes first (the shortest ingestion left goes first). A tenant
+        alone leaves edge.lone_tenant_reserve slots free, so a newcomer is admitted at the next
+        step too.
         """
         if not self._waiting:
             return None
         running: dict[str, int] = {}
         for active in self._active:
             running[active.scope] = running.get(active.scope, 0) + 1
-        cap = self.settings.tenant_max_slots if self._shared(time.perf_counter(), running) else self.settings.slots
+        shared = self._shared(time.perf_counter(), running)
+        # NOTE: a tenant alone still leaves edge.lone_tenant_reserve slots free: a tenant that
+        # arrives next is admitted at the next step, not after one of the running requests ends
+        cap = self.settings.tenant_max_slots if shared else self.settings.lone_tenant_max_slots
         best: tuple[int, int, Sequence] | None = None
         best_key: tuple[int, int, int] | None = None
         for entry in self._waiting:

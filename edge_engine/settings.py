@@ -238,6 +238,10 @@ class EdgeSettings(BaseModel):
     tenant_queue_share: float = Field(
         0.75, gt=0, le=1, description="most of the queue (max_queue) one tenant's waiting requests may take"
     )
+    lone_tenant_reserve: int = Field(
+        1, ge=0, description="slots a tenant alone leaves free, so a tenant arriving next is admitted at the next step "
+        "instead of after a running request ends (0: a lone tenant may take every slot)"
+    )
     max_request_s: float = Field(
         300.0, gt=0, description="longest a request may run in the scheduler; then it ends with finish_reason length"
     )
@@ -273,6 +277,10 @@ class EdgeSettings(BaseModel):
     @property
     def tenant_max_slots(self) -> int:
         return max(1, int(self.slots * self.tenant_slot_share))
+
+    @property
+    def lone_tenant_max_slots(self) -> int:
+        return max(1, self.slots - self.lone_tenant_reserve)
 
     @property
     def tenant_max_queue(self) -> int:

@@ -107,3 +107,31 @@ def test_grammar_sampling_time_is_bounded_per_request() -> None:
         r.run(scenario())
     finally:
         r.close()
+
+
+def test_a_tenant_arriving_after_one_filled_the_engine_alone_is_admitted_at_the_next_step() -> None:
+    runner = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, n_ctx=512, slots=2, prefix_slots=0, max_queue=4,
+                                       tenant_slot_share=1.0, speculative={"enabled": False}))
+    try:
+        async def drained(generation) -> float:  # type: ignore[no-untyped-def]
+            async for _ in generation:
+                pass
+            return time.perf_counter()
+
+        async def scenario() -> tuple[float, list[float]]:
+            engine = runner.engine
+            hog = [await engine.submit(messages=ASK, params=LONG, scope="alone") for _ in range(2)]
+            ending = [asyncio.ensure_future(drained(g)) for g in hog]  # read as they come, like a client
+            await asyncio.sleep(0.5)  # the hog's second request takes the other slot where it may
+            newcomer = await engine.submit(messages=ASK, params=SHORT, scope="newcomer")  # never seen before
+            arrived = await first_token_at(newcomer)
+            ends = await asyncio.gather(*ending)
+            newcomer.cancel()
+            return arrived, list(ends)
+
+        arrived, ends = runner.run(scenario())
+        # the lone tenant holds one of the two slots (one stays reserved): the newcomer runs at once,
+        # before either of the hog's 48-token requests ends (before: it waited for one of them to end)
+        assert arrived < min(ends)
+    finally:
+        runner.close()
