@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # takes what the gateway passes on
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)

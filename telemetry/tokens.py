@@ -20,13 +20,14 @@ PER_MESSAGE_TOKENS = 4
 REPLY_PRIMING_TOKENS = 3
 # Texts longer than this are tokenized on a worker thread instead of the event loop.
 INLINE_CHARS = 2_000
-# `tokenizers` holds the GIL for a whole encode (~2.6 us a character, and a punctuation string
-# of megabytes grows the process by gigabytes): a text is tokenized in pieces of at most
-# CHUNK_CHARS (cut at a space where there is one near the end, so few words are split; each
-# piece holds the GIL ~40 ms), and at most EXACT_CHARS of one request are tokenized at all.
+# `tokenizers` holds the GIL for a whole encode (~2.6 us a character of prose, more for
+# punctuation, a token each; a punctuation string of megabytes grows the process by gigabytes):
+# a text is tokenized in pieces of at most CHUNK_CHARS (cut at a space where there is one near
+# the end, so few words are split; each piece holds the GIL ~10-20 ms, so the event loop waits at
+# most that long behind it), and at most EXACT_CHARS of one request are tokenized at all.
 # Past that the rest is estimated at the tokens per character of what was tokenized: exact for
 # text like the start, off by the difference in density where the rest differs (documented).
-CHUNK_CHARS = 16_384
+CHUNK_CHARS = 4_096
 EXACT_CHARS = 262_144
 
 TokenCount = Callable[[str], int]

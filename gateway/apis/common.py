@@ -25,9 +25,7 @@ SESSION_HEADER = "x-tierlane-session"
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request's JSON object body (size-limited like every other endpoint)."""
     server = request.app[SETTINGS].server
-    body = protocol.parse_body(await read_body(request, server.max_body_bytes))
-    protocol.check_items(body, server.max_items)
-    return body
+    return protocol.parse_body(await read_body(request, server.max_body_bytes), server.max_items)
 
 
 def field_record(request: web.Request) -> Dropped:

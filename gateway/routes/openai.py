@@ -37,8 +37,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 async def _handle(request: web.Request, operation: WireOperation) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
-    body = protocol.parse_body(await read_body(request, settings.server.max_body_bytes))
-    protocol.check_items(body, settings.server.max_items)
+    body = protocol.parse_body(await read_body(request, settings.server.max_body_bytes), settings.server.max_items)
     wire = protocol.validate(operation, body, max_n=settings.server.max_n)
     ctx = RequestContext(
         request_id=request[REQUEST_ID],
