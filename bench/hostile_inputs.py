@@ -148,6 +148,49 @@ def schemas(work: Path) -> dict[str, Any]:
     }
 
 
+async def outage_idle(work: Path, idle_s: float = 150.0) -> dict[str, Any]:
+    """One replica, 20 requests/min: one request, `idle_s` of nothing, then the store paused while
+    100 requests are asked: admitted beside the one window's limit (before the bucket: 69 of 100)."""
+    import redis.asyncio as aioredis
+
+    from policies.budgets import Budgets
+    from policies.errors import LimitExceeded, StoreUnavailable
+    from policies.policy import Policy
+    from policies.redis_budgets import RedisBudgets
+    from policies.redis_mux import MuxClient
+    from policies.shared_budgets import SharedBudgets
+    from tests.support.valkey import ValkeyServer
+
+    limit, asked = 20, 100
+    directory = work / "valkey-idle"
+    directory.mkdir()
+    server = ValkeyServer(directory)
+    admin = aioredis.Redis.from_url(server.url)
+    budgets = Budgets(Policy.load(extra={"budgets": {"enabled": True, "tenant": {"requests_per_minute": limit}}}))
+    shared = SharedBudgets(budgets, RedisBudgets(budgets, MuxClient(server.url, connect_timeout_s=0.1, stale_after_s=1.0)),
+                           op_timeout_s=0.1, on_outage="local_share", heartbeat_s=0.5)  # type: ignore[arg-type]
+    try:
+        await shared.beat()
+        await shared.admit("first", "acme", "web", 5, 0.0)
+        await shared.settle("first", 5, 0.0)
+        for _ in tqdm(range(int(idle_s)), desc=f"idle {idle_s:g} s", unit="s"):
+            await asyncio.sleep(1.0)
+        await admin.execute_command("CLIENT", "PAUSE", 5000, "ALL")
+        admitted = 0
+        for i in range(asked):
+            try:
+                await shared.admit(f"i{i}", "acme", "web", 5, 0.0)
+                admitted += 1
+            except (LimitExceeded, StoreUnavailable):
+                pass
+    finally:
+        await shared.close()
+        await admin.aclose()
+        server.stop()
+    return {"setup": f"one replica, {limit} requests/min, one request then {idle_s:g} s idle, then the store paused and "
+                     f"{asked} asked at once", "limit_per_minute": limit, "asked": asked, "admitted": admitted}
+
+
 async def outage(work: Path) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
@@ -327,7 +370,7 @@ def bodies(work: Path) -> dict[str, Any]:
     }
 
 
-PARTS = ("schemas", "outage", "bodies")
+PARTS = ("schemas", "outage", "outage_idle", "bodies")
 
 
 def main() -> None:
@@ -345,7 +388,8 @@ def main() -> None:
     kept = json.loads(previous.read_text()) if previous.exists() else {}
     with tempfile.TemporaryDirectory(prefix="tierlane-hostile-") as tmp:
         work = Path(tmp)
-        runs = {"schemas": lambda: schemas(work), "outage": lambda: asyncio.run(outage(work)), "bodies": lambda: bodies(work)}
+        runs = {"schemas": lambda: schemas(work), "outage": lambda: asyncio.run(outage(work)),
+                "outage_idle": lambda: asyncio.run(outage_idle(work)), "bodies": lambda: bodies(work)}
         result = {part: runs[part]() if part in wanted else kept.get(part, {}) for part in PARTS}
     path = write("hostile_inputs", {**result, "verdicts": verdicts("hostile_inputs", result)})
     print(path.read_text())

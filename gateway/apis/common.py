@@ -98,6 +98,15 @@ def first_choice(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return (message if isinstance(message, dict) else {}), (reason if isinstance(reason, str) else None)
 
 
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A tool call's JSON arguments as an object ({} when they are none, or not an object)."""
+    try:
+        value = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def tool_calls(message: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(id, name, arguments) of each tool call of a chat message."""
     out: list[tuple[str, str, str]] = []

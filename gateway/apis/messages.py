@@ -16,6 +16,7 @@ from aiohttp import web
 from gateway import protocol
 from gateway.apis.common import (
     answer_usage,
+    arguments_object,
     chat_context,
     field_record,
     first_choice,
@@ -53,15 +54,6 @@ def usage_block(usage: Usage) -> dict[str, int]:
     }
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
-    """A tool call's arguments as the object Anthropic's `input` is ({} when they are none)."""
-    try:
-        value = orjson.loads(arguments) if arguments.strip() else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def to_message(ctx: RequestContext, body: dict[str, Any], message_id: str) -> dict[str, Any]:
     """A chat answer as a Message."""
     message, reason = first_choice(body)
@@ -70,7 +62,7 @@ def to_message(ctx: RequestContext, body: dict[str, Any], message_id: str) -> di
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
     for call_id, name, arguments in tool_calls(message):
-        content.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input(arguments)})
+        content.append({"type": "tool_use", "id": call_id, "name": name, "input": arguments_object(arguments)})
     return {
         "id": message_id,
         "type": "message",

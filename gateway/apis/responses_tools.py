@@ -24,6 +24,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from gateway import protocol
+from gateway.apis.common import arguments_object
 from gateway.apis.field_policy import Dropped
 from gateway.errors import InvalidRequest
 
@@ -133,7 +134,7 @@ class ToolSet:
                     "input": custom_input(arguments)}
         elif tool.kind == "tool_search":
             item = {"id": item_id, "type": "tool_search_call", "status": status, "call_id": call_id,
-                    "execution": "client", "arguments": json_object(arguments)}
+                    "execution": "client", "arguments": arguments_object(arguments)}
         else:
             item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": tool.name,
                     "arguments": arguments}
@@ -157,14 +158,6 @@ class CustomSpec(BaseModel):
     name: StrictStr = Field(min_length=1)
     description: StrictStr | None = None
     format: dict[str, Any] | None = None
-
-
-def json_object(arguments: str) -> dict[str, Any]:
-    try:
-        value = orjson.loads(arguments) if arguments.strip() else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def custom_input(arguments: str) -> str:

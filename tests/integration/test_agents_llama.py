@@ -49,7 +49,8 @@ def test_the_agent_runs_against_llama_cpp_with_no_error(make_gateway, long_llama
     assert "API Error: 4" not in said and "API Error: 5" not in said, said[-4000:]
     rows = ledger_rows(gw, tmp_path / "state")
     assert rows and [(r["status"], r["error_code"]) for r in rows] == [(200, None)] * len(rows)
-    assert {r["api"] for r in rows} == {api} and all(0 < r["output_tokens"] <= MAX_OUTPUT for r in rows)
+    # the clamp held (a sampled answer may also be empty)
+    assert {r["api"] for r in rows} == {api} and all(r["output_tokens"] <= MAX_OUTPUT for r in rows)
     if out.returncode == 0:
         assert out.stdout.strip()  # some answer
     log = Path(long_llama.log.name).read_text(errors="replace")
