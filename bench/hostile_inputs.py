@@ -175,9 +175,13 @@ async def outage_idle(work: Path, idle_s: float = 150.0) -> dict[str, Any]:
         await shared.settle("first", 5, 0.0)
         for _ in tqdm(range(int(idle_s)), desc=f"idle {idle_s:g} s", unit="s"):
             await asyncio.sleep(1.0)
-        await admin.execute_command("CLIENT", "PAUSE", 5000, "ALL")
+        pause_s = 30.0  # longer than the asking takes (each ask waits op_timeout, 0.1 s): all of it is in the outage
+        await admin.execute_command("CLIENT", "PAUSE", int(pause_s * 1000), "ALL")
+        paused_at = time.monotonic()
         admitted = 0
         for i in range(asked):
+            if time.monotonic() - paused_at > pause_s - 1.0:
+                raise RuntimeError("the store pause ended before the asking did")
             try:
                 await shared.admit(f"i{i}", "acme", "web", 5, 0.0)
                 admitted += 1
