@@ -127,6 +127,9 @@ class UpstreamSettings(_Strict):
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_cooldown_s: float = Field(10.0, gt=0)
     max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    kv_capacity_tokens: int = Field(
+        131_072, ge=1024, description="the KV cache this server keeps prompts in (tokens, all slots): the gateway "
+        "remembers about this much of what it sent there for prefix affinity, least recently sent forgotten first")
     max_output_tokens: int | None = Field(
         None, ge=1, description="the most completion tokens this upstream is asked for: a larger max_tokens is clamped "
         "(a small self-hosted context; agents ask for 128,000); none given: this many")
@@ -145,6 +148,13 @@ class UpstreamSettings(_Strict):
 
 class PoolSettings(_Strict):
     fallback: list[str] = Field(default_factory=list)
+    balance: Literal["prefix_affinity", "session", "least_outstanding"] = Field(
+        "prefix_affinity", description="how a member is picked: the one already holding the request's prompt prefix "
+        "(or its session) in its KV cache, weighed against load; session: the session's member only; least_outstanding: "
+        "load alone. Prefix affinity is least-outstanding where nothing matches")
+    max_load_ratio: float = Field(
+        2.0, ge=1.0, description="affinity never picks a member with more than this many times the least-loaded "
+        "member's outstanding requests (plus one)")
 
 
 class EdgeSettingsModel(EdgeSettings):

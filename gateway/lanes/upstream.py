@@ -16,6 +16,7 @@ from gateway.apis.native import MessagesStreamReader, chat_from_message, message
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.pipeline.trim import HEADER as TRIM_HEADER
+from gateway.upstream.affinity import key_for
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 
@@ -70,16 +71,20 @@ async def answer(
     headers = forwardable_headers(ctx.headers)
     if inject_trace is not None:
         inject_trace(headers)
+    pool_name = ctx.pool or "default"
+    # the prompt's prefix blocks and the session: the pool sends the request where they are cached
+    affinity = key_for(body, ctx.session) if pool.wants_affinity(pool_name) else None
     started = time.perf_counter()
     try:
         reply = await pool.send(
-            ctx.pool or "default",
+            pool_name,
             path,
             body,
             headers=headers,
             model=body.get("model", ctx.model),
             stream=ctx.stream,
             client_authorization=ctx.headers.get("Authorization"),
+            affinity=affinity,
         )
     finally:
         ctx.lane_seconds += time.perf_counter() - started

@@ -26,6 +26,7 @@ from gateway.errors import (
 )
 from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt, adapts
+from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,11 @@ class UpstreamPool:
             self._by_pool.setdefault(cfg.pool, []).append(upstream)
         self._pools: dict[str, PoolSettings] = {
             name: settings.pools.get(name, PoolSettings()) for name in self._by_pool
+        }
+        # prefix and session affinity, per pool of more than one member (one member has no choice to make)
+        self._balancers: dict[str, Balancer] = {
+            name: Balancer(self._pools[name].balance, self._pools[name].max_load_ratio)
+            for name, members in self._by_pool.items() if len(members) > 1
         }
         for name, pool in settings.pools.items():
             unknown = [f for f in pool.fallback if f not in self._by_pool]
@@ -306,14 +312,27 @@ class UpstreamPool:
             todo.extend(self._pools[name].fallback)
         return chain
 
+    def wants_affinity(self, pool: str) -> bool:
+        """Whether `pool` (or a pool it falls back to) picks members by prefix or session: worth a key."""
+        return any(b.mode != "least_outstanding" for name in self._chain(pool) if (b := self._balancers.get(name)))
+
+    def balancer(self, pool: str) -> Balancer | None:
+        return self._balancers.get(pool)
+
     def _pick(
-        self, members: Iterable[Upstream], model: str, tried: set[int], barred: Collection[int] = ()
+        self, members: Iterable[Upstream], model: str, tried: set[int], barred: Collection[int] = (),
+        balancer: Balancer | None = None, key: AffinityKey | None = None,
     ) -> Upstream | None:
-        """The least busy member serving `model` with a closed breaker, untried ones first."""
+        """The member for a request: serving `model`, breaker closed, untried ones first; among them the
+        pool's balancer's choice (prefix or session affinity), else the least busy."""
         candidates = [u for u in members if u.serves(model) and u.breaker.allow() and id(u) not in barred]
         fresh = [u for u in candidates if id(u) not in tried] or candidates
         if not fresh:
             return None
+        if balancer is not None:
+            chosen = balancer.choose(fresh, key)
+            assert isinstance(chosen, Upstream)
+            return chosen
         least = min(u.inflight for u in fresh)
         return random.choice([u for u in fresh if u.inflight == least])
 
@@ -323,8 +342,12 @@ class UpstreamPool:
             upstream.breaker.success()
         else:
             upstream.breaker.failure()
-            if self._wake is not None and upstream.breaker.opened_at is not None:
-                self._wake.set()  # the watcher schedules this breaker's probe
+            if upstream.breaker.opened_at is not None:
+                balancer = self._balancers.get(upstream.settings.pool)
+                if balancer is not None:
+                    balancer.forget(upstream)  # a member that left: its cache is not counted on (sessions move)
+                if self._wake is not None:
+                    self._wake.set()  # the watcher schedules this breaker's probe
 
     async def send(
         self,
@@ -336,8 +359,12 @@ class UpstreamPool:
         model: str,
         stream: bool,
         client_authorization: str | None = None,
+        affinity: AffinityKey | None = None,
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
+
+        `affinity` (the prompt's prefix blocks and session) lets a pool's balancer pick the member
+        that holds them; the member a request went to remembers them.
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
@@ -351,8 +378,9 @@ class UpstreamPool:
             budget = 1 + max(u.settings.retries for u in members)
             failed: dict[int, _Failure] = {}  # the last failure of each member tried
             barred: set[int] = set()  # members not worth a second try for this request
+            balancer = self._balancers.get(pool_name)
             for _ in range(budget):
-                upstream = self._pick(members, model, tried, barred)
+                upstream = self._pick(members, model, tried, barred, balancer, affinity)
                 if upstream is None:
                     break
                 before = failed.get(id(upstream))
@@ -360,7 +388,7 @@ class UpstreamPool:
                     # Backoff (or the upstream's Retry-After) only before trying the same member
                     # again: another member is a different host and is tried at once.
                     await asyncio.sleep(before.delay)
-                    upstream = self._pick(members, model, tried, barred)  # breakers may have moved
+                    upstream = self._pick(members, model, tried, barred, balancer, affinity)  # breakers may have moved
                     if upstream is None:
                         break
                 tried.add(id(upstream))
@@ -374,6 +402,8 @@ class UpstreamPool:
                 reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts
+                    if balancer is not None:
+                        balancer.record(upstream, affinity, upstream.settings.kv_capacity_tokens)
                     return reply
                 assert failure is not None
                 last_error = failure.error

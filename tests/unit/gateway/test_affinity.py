@@ -1,0 +1,83 @@
+"""Prefix and session affinity in the pool: the index, the balancer, and a pool of two real servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.upstream.affinity import BLOCK_CHARS, AffinityKey, Balancer, PrefixIndex, key_for
+from tests.support.background import RunningApp
+from tests.support.config import upstream_cfg
+from tests.support.faults import Recorder, fault_app
+
+SYSTEM = "You are a coding agent. " * 120  # ~2.9k characters: 11 whole blocks shared by every turn
+
+
+@dataclass
+class M:
+    name: str
+    inflight: int = 0
+
+
+def turn(n: int, system: str = SYSTEM) -> dict[str, object]:
+    messages = [{"role": "system", "content": system}]
+    for i in range(n):
+        messages += [{"role": "user", "content": f"step {i} " * 40}, {"role": "assistant", "content": f"done {i} " * 40}]
+    return {"model": "m", "messages": [*messages, {"role": "user", "content": "next"}]}
+
+
+def test_a_conversations_next_turn_extends_the_prefix_of_the_one_before():
+    first, second = key_for(turn(1), None).blocks, key_for(turn(2), None).blocks
+    assert len(second) > len(first) >= len(SYSTEM) // BLOCK_CHARS
+    assert second[:len(first) - 1] == first[:-1]  # the chained hashes of the shared prefix are the same
+    other = key_for(turn(1, system="Another agent. " * 200), None).blocks
+    assert not set(other) & set(first)
+
+
+def test_the_index_matches_leading_blocks_and_forgets_the_least_recently_sent():
+    index = PrefixIndex(capacity=20)
+    blocks = key_for(turn(2), None).blocks
+    index.add(blocks[:10])
+    assert index.matched(blocks) == 10 and index.matched(blocks[:4]) == 4
+    index.add(key_for(turn(1, system="Another agent. " * 300), None).blocks)  # more than 10 more: the first go
+    assert len(index) == 20 and index.matched(blocks) < 10
+
+
+def test_the_balancer_follows_the_prefix_within_the_load_bound_and_pins_sessions():
+    a, b = M("a"), M("b")
+    balancer = Balancer()
+    key = key_for(turn(1), None)
+    balancer.record(b, key, capacity_tokens=100_000)
+    assert all(balancer.choose([a, b], key_for(turn(2), None)) is b for _ in range(20))  # its next turn
+    b.inflight = 5  # more than max_load_ratio x the least loaded + 1: the cache is not worth the queue
+    assert balancer.choose([a, b], key_for(turn(2), None)) is a
+    b.inflight = 1
+    assert balancer.choose([a, b], key_for(turn(2), None)) is b  # within the bound: the prefix wins
+    picked = {balancer.choose([a, b], AffinityKey()).name for _ in range(20)}
+    assert picked == {"a"}  # nothing to match: least outstanding
+    session = AffinityKey(session="s1")
+    balancer.record(a, session, capacity_tokens=100_000)
+    a.inflight, b.inflight = 1, 0
+    assert balancer.choose([a, b], session) is a
+    balancer.forget(b)
+    assert balancer.choose([a, b], key_for(turn(2), None)).name in ("a", "b")
+    assert Balancer(mode="least_outstanding").choose([a, b], key_for(turn(2), None)) is b
+
+
+def test_a_pool_of_two_keeps_a_conversation_on_one_member_and_moves_it_when_that_member_fails(bg, make_gateway):
+    recs = [Recorder(), Recorder()]
+    apps = [RunningApp(bg, fault_app("ok", rec, text="ok")) for rec in recs]
+    gw = make_gateway(upstreams=[upstream_cfg(f"gpu{i}", app.url + "/v1", models=["m"], breaker_failures=1, retries=1)
+                                 for i, app in enumerate(apps)])
+    for n in range(1, 6):
+        r = httpx.post(gw.url + "/v1/chat/completions", json=turn(n), timeout=30)
+        assert r.status_code == 200
+    served = [rec.hits for rec in recs]
+    assert sorted(served) == [0, 5]  # every turn found the member holding its prefix
+    holder = served.index(5)
+    apps[holder].stop()  # that member goes away mid-session
+    for n in range(6, 9):
+        r = httpx.post(gw.url + "/v1/chat/completions", json=turn(n), timeout=30)
+        assert r.status_code == 200, r.text  # retried on the other member: no error reaches the client
+    assert recs[1 - holder].hits == 3
