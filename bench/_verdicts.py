@@ -398,9 +398,9 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
         target("over-admission per replica through a 3 s store pause (on_outage: local_share)",
                default.get("beyond_limit_per_replica"), "<=", 1, n=default.get("asked_during_pause"), n_of="requests asked"),
         *_hostile_bodies(d.get("bodies", {})),
-        *([target("admitted at once after an idle spell, through a store pause, over the per-minute limit",
-                  round(idle["admitted"] / idle["limit_per_minute"], 4), "<=", 1, n=idle["asked"], n_of="requests asked")]
-          if (idle := d.get("outage_idle")) else []),
+        *([target("admitted after an idle spell through a store pause, over one window's allowance (limit + rate x time asked)",
+                  round(idle["admitted"] / idle["window_bound"], 4), "<=", 1, n=idle["asked"], n_of="requests asked")]
+          if (idle := d.get("outage_idle")) and "window_bound" in idle else []),
     ]
 
 
