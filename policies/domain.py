@@ -39,6 +39,10 @@ class Usage:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     estimated: bool = False
+    # input tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens),
+    # for 5 minutes and for an hour: priced above plain input (1.25x and 2x by default)
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     # The most tokens one request may be metered for: far above any context window, far below
     # what SQLite's INTEGER or a float sum can hold. A larger report is clamped to it.

@@ -34,6 +34,9 @@ class TokenPrice:
     per_request: float = 0.0
     per_second: float = 0.0
     tokens_per_second: float | None = None
+    # input written to the prompt cache, for 5 minutes and for an hour (Anthropic: 1.25x and 2x input)
+    cache_write: float = 0.0
+    cache_write_1h: float = 0.0
 
     def charge(self, usage: Usage, seconds: float, *, cache_discount: bool = True) -> float:
         """The whole bill of one request: its tokens, the request itself and `seconds` of upstream time."""
@@ -46,11 +49,18 @@ class TokenPrice:
         return usage.output_tokens / self.tokens_per_second
 
     def cost(self, usage: Usage, *, cache_discount: bool = True) -> float:
-        """What these tokens cost; `cache_discount=False` prices cached input as plain input."""
-        cached = min(usage.cached_input_tokens, usage.input_tokens) if cache_discount else 0
+        """What these tokens cost: cache reads at `cached_input`, cache writes at their own prices, the
+        rest of the input at `input`; `cache_discount=False` prices all input as plain input."""
+        if not cache_discount:
+            return (usage.input_tokens * self.input + usage.output_tokens * self.output) / PER_MILLION
+        cached = min(max(0, usage.cached_input_tokens), usage.input_tokens)
+        written = min(max(0, usage.cache_write_tokens), usage.input_tokens - cached)
+        written_1h = min(max(0, usage.cache_write_1h_tokens), usage.input_tokens - cached - written)
         return (
-            (usage.input_tokens - cached) * self.input
+            (usage.input_tokens - cached - written - written_1h) * self.input
             + cached * self.cached_input
+            + written * self.cache_write
+            + written_1h * self.cache_write_1h
             + usage.output_tokens * self.output
         ) / PER_MILLION
 
@@ -131,8 +141,12 @@ def _number(value: Any, where: str) -> float:
 
 PRICE_KEYS = frozenset({
     "input", "output", "cached_input", "input_per_1k", "output_per_1k", "cached_input_per_1k",
+    "cache_write", "cache_write_per_1k", "cache_write_1h", "cache_write_1h_per_1k",
     "per_request", "per_second", "tokens_per_second",
 })  # fmt: skip
+# Prompt-cache writes without a price of their own: input x these (Anthropic's published premiums).
+CACHE_WRITE_5M = 1.25
+CACHE_WRITE_1H = 2.0
 
 
 def _per_million(entry: Mapping[str, Any], key: str, where: str) -> float | None:
@@ -160,6 +174,8 @@ def _price(entry: Any, discount: float, where: str) -> TokenPrice:
         missing = "input" if input_price is None else "output"
         raise ValueError(f"pricing.{where}.{missing} must be a number, got None (token prices come as input and output)")
     cached = _per_million(entry, "cached_input", where)
+    write = _per_million(entry, "cache_write", where)
+    write_1h = _per_million(entry, "cache_write_1h", where)
     base = input_price or 0.0
     throughput = entry.get("tokens_per_second")
     if throughput is not None and _number(throughput, f"{where}.tokens_per_second") <= 0:
@@ -171,4 +187,6 @@ def _price(entry: Any, discount: float, where: str) -> TokenPrice:
         per_request=0.0 if per_request is None else _number(per_request, f"{where}.per_request"),
         per_second=0.0 if per_second is None else _number(per_second, f"{where}.per_second"),
         tokens_per_second=None if throughput is None else float(throughput),
+        cache_write=base * CACHE_WRITE_5M if write is None else write,
+        cache_write_1h=base * CACHE_WRITE_1H if write_1h is None else write_1h,
     )

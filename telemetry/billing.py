@@ -55,7 +55,8 @@ class Bill:
 
 def _non_negative(usage: Usage) -> Usage:
     """`usage` with every count at least 0 (a Usage built by hand is not validated on the way in)."""
-    counts = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+    counts = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.cache_write_tokens,
+              usage.cache_write_1h_tokens)
     if min(counts) >= 0:
         return usage
     return Usage(
@@ -63,6 +64,8 @@ def _non_negative(usage: Usage) -> Usage:
         output_tokens=max(0, usage.output_tokens),
         cached_input_tokens=max(0, usage.cached_input_tokens),
         estimated=usage.estimated,
+        cache_write_tokens=max(0, usage.cache_write_tokens),
+        cache_write_1h_tokens=max(0, usage.cache_write_1h_tokens),
     )
 
 
@@ -93,7 +96,8 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     usage = _non_negative(usage)
     trimmed = sum(max(0, n) for n in ctx.trim_saved.values())
     untrimmed = Usage(input_tokens=usage.input_tokens + trimmed, output_tokens=usage.output_tokens,
-                      cached_input_tokens=usage.cached_input_tokens)
+                      cached_input_tokens=usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens,
+                      cache_write_1h_tokens=usage.cache_write_1h_tokens)
     named_model = pricing.counterfactual_model(ctx.model)
     strong_pool, strong_model = ctx.strong_target if ctx.strong_target is not None else (None, named_model)
     strong_price = pricing.upstream(strong_model, strong_pool)

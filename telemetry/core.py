@@ -326,6 +326,7 @@ class Telemetry:
             model=ctx.target_model or ctx.model,
             requested_model=ctx.model,
             session=ctx.session,
+            cache_write_tokens=max(0, usage.cache_write_tokens) + max(0, usage.cache_write_1h_tokens),
             operation=ctx.operation,
             stream=ctx.stream,
             input_tokens=usage.input_tokens,

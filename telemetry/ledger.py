@@ -100,6 +100,7 @@ class LedgerRow:
     cache_score: float | None = None
     # one conversation's key (an agent session, a Responses chain), within the tenant; NULL when none
     session: str | None = None
+    cache_write_tokens: int = 0  # input tokens written to the provider's prompt cache (priced as writes)
 
     @property
     def day(self) -> str:
@@ -148,7 +149,8 @@ CREATE TABLE IF NOT EXISTS requests (
     saved_vs_strong REAL,
     saved_vs_named REAL,
     cache_score REAL,
-    session TEXT
+    session TEXT,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -171,6 +173,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "saved_vs_named": "REAL",
     "cache_score": "REAL",
     "session": "TEXT",
+    "cache_write_tokens": "INTEGER NOT NULL DEFAULT 0",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

@@ -44,12 +44,13 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 
 def usage_block(usage: Usage) -> dict[str, int]:
-    """Anthropic's usage: input_tokens excludes the tokens read from a prompt cache."""
+    """Anthropic's usage: input_tokens excludes the tokens read from and written to a prompt cache."""
     cached = min(usage.cached_input_tokens, usage.input_tokens)
+    written = min(usage.cache_write_tokens + usage.cache_write_1h_tokens, usage.input_tokens - cached)
     return {
-        "input_tokens": usage.input_tokens - cached,
+        "input_tokens": usage.input_tokens - cached - written,
         "output_tokens": usage.output_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
     }
 

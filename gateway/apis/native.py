@@ -23,12 +23,17 @@ def _count(value: Any) -> int:
 
 
 def message_usage(usage: Any) -> Usage | None:
-    """Anthropic's usage as tierlane's: cache reads and writes are input tokens too."""
+    """Anthropic's usage as tierlane's: cache reads and writes are input tokens too, each priced as
+    itself (writes for an hour apart, from `cache_creation.ephemeral_1h_input_tokens`)."""
     if not isinstance(usage, dict):
         return None
     cached = _count(usage.get("cache_read_input_tokens"))
-    total = _count(usage.get("input_tokens")) + cached + _count(usage.get("cache_creation_input_tokens"))
-    return Usage(input_tokens=total, output_tokens=_count(usage.get("output_tokens")), cached_input_tokens=cached)
+    written = _count(usage.get("cache_creation_input_tokens"))
+    breakdown = usage.get("cache_creation")
+    written_1h = min(written, _count(breakdown.get("ephemeral_1h_input_tokens"))) if isinstance(breakdown, dict) else 0
+    total = _count(usage.get("input_tokens")) + cached + written
+    return Usage(input_tokens=total, output_tokens=_count(usage.get("output_tokens")), cached_input_tokens=cached,
+                 cache_write_tokens=written - written_1h, cache_write_1h_tokens=written_1h)
 
 
 def chat_from_message(message: dict[str, Any]) -> dict[str, Any]:

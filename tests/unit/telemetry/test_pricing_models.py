@@ -99,3 +99,30 @@ def test_bad_prices_are_refused_with_the_field_named() -> None:
             Pricing.from_section({**SECTION, "models": {**SECTION["models"], "x": entry}})
     with pytest.raises(ValueError, match="pools.gpu"):
         Pricing.from_section({**SECTION, "pools": {"gpu": {"per_second": "fast"}}})
+
+
+def test_prompt_cache_reads_and_writes_are_priced_as_themselves():
+    from gateway.apis.messages import usage_block
+    from gateway.apis.native import message_usage
+    from policies.domain import Usage as TokenUsage
+    from policies.pricing import Pricing as Prices
+
+    prices = Prices.from_section({"default_upstream_model": "claude", "cached_input_discount": 0.9,
+                                  "models": {"claude": {"input": 3.0, "output": 15.0},
+                                             "priced": {"input": 3.0, "output": 15.0, "cache_write": 4.0,
+                                                        "cache_write_1h": 5.0}}})
+    # Anthropic's report: 100 plain, 1,000 read, 400 written (100 of them for an hour), 50 out
+    usage = message_usage({"input_tokens": 100, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 400,
+                           "cache_creation": {"ephemeral_5m_input_tokens": 300, "ephemeral_1h_input_tokens": 100},
+                           "output_tokens": 50})
+    assert usage == TokenUsage(input_tokens=1500, output_tokens=50, cached_input_tokens=1000, cache_write_tokens=300,
+                               cache_write_1h_tokens=100)
+    claude = prices.upstream("claude")
+    expected = (100 * 3.0 + 1000 * 0.3 + 300 * 3.75 + 100 * 6.0 + 50 * 15.0) / 1e6  # reads 0.1x, writes 1.25x / 2x
+    assert abs(claude.cost(usage) - expected) < 1e-12
+    assert abs(claude.cost(usage, cache_discount=False) - (1500 * 3.0 + 50 * 15.0) / 1e6) < 1e-12
+    own = prices.upstream("priced")
+    assert abs(own.cost(usage) - (100 * 3.0 + 1000 * 0.3 + 300 * 4.0 + 100 * 5.0 + 50 * 15.0) / 1e6) < 1e-12
+    # the Messages answer says what was read and written, as Anthropic's usage does
+    assert usage_block(usage) == {"input_tokens": 100, "output_tokens": 50, "cache_creation_input_tokens": 400,
+                                  "cache_read_input_tokens": 1000}
