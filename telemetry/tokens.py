@@ -206,6 +206,8 @@ async def resolve_usage(ctx: MeteredRequest, outcome: Outcome, count: TokenCount
             return reported
     if response is None and outcome.status == 499 and ctx.lane in ("edge", "upstream") and ctx.lane_seconds > 0:
         # the client left while the lane worked on it: the prompt was read, so it is billed
+        if sum(len(t) for t in prompt_texts(ctx.body)[0]) > INLINE_CHARS:
+            return await asyncio.to_thread(estimate_usage, count, ctx.body, None)
         return estimate_usage(count, ctx.body, None)
     if response is None and (outcome.status >= 400 or ctx.first_token_at is None):
         return Usage()  # nothing was generated, and a refused request is not billed

@@ -6,6 +6,7 @@ resolve and route stages.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from gateway.pipeline.trim import HEADER as TRIM_HEADER
 from gateway.upstream.affinity import key_for
 from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
+from telemetry.tokens import INLINE_CHARS, prompt_texts
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 
@@ -233,7 +235,7 @@ async def _relay(
             if event is DONE:
                 ok = True
                 if client_wants_usage and ctx.usage is None and estimate is not None:
-                    yield _estimated_usage_chunk(ctx, estimate, texts, last)
+                    yield await _estimated_usage_chunk(ctx, estimate, texts, last)
                 return
             if not isinstance(event, dict):
                 raise BadUpstreamResponse("the upstream sent a stream event that is not an object")
@@ -272,12 +274,14 @@ def _mid_stream(exc: BaseException) -> GatewayError:
     return UpstreamError("the upstream connection broke mid-stream", code="stream_cut")
 
 
-def _estimated_usage_chunk(
+async def _estimated_usage_chunk(
     ctx: RequestContext, estimate: Estimate, texts: list[str], last: dict[str, Any]
 ) -> dict[str, Any]:
     text = "".join(texts)
     answer = {"choices": [{"text": text}]} if ctx.operation == "completions" else {"choices": [{"message": {"content": text}}]}
-    ctx.usage = estimate(ctx.body, answer)
+    # the local tokenizer holds the GIL: a long prompt or answer is counted on a worker thread
+    large = len(text) + sum(len(t) for t in prompt_texts(ctx.body)[0]) > INLINE_CHARS
+    ctx.usage = await asyncio.to_thread(estimate, ctx.body, answer) if large else estimate(ctx.body, answer)
     usage = {**ctx.usage.to_openai(), "estimated": True}
     return {
         "id": last.get("id"),

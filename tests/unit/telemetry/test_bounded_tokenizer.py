@@ -40,3 +40,30 @@ def test_the_real_tokenizer_counts_long_punctuation_without_encoding_it_whole():
     assert count(short) == 2000  # WordPiece: a token per punctuation mark
     usage = estimate_usage(count, {"messages": [{"role": "user", "content": "!?" * 2_000_000}]}, None)
     assert 3_900_000 <= usage.input_tokens <= 4_100_000 and usage.estimated
+
+
+def test_a_large_prompt_left_by_its_client_is_counted_off_the_event_loop(monkeypatch) -> None:
+    """A 499 bills the prompt read: a long one is tokenized on a worker thread, never on the loop."""
+    import asyncio
+    import threading
+
+    from policies.domain import Outcome
+    from telemetry.tokens import resolve_usage
+    from tests.unit.telemetry.conftest import make_ctx
+
+    threads: list[str] = []
+
+    def count(text: str) -> int:
+        threads.append(threading.current_thread().name)
+        return len(text.split())
+
+    async def run(content: str) -> int:
+        ctx = make_ctx(body={"model": "m", "messages": [{"role": "user", "content": content}]}, lane_seconds=0.5)
+        usage = await resolve_usage(ctx, Outcome(status=499, response=None, complete=False), count)
+        return usage.input_tokens
+
+    main = threading.current_thread().name
+    assert asyncio.run(run("word " * 20_000)) > 20_000 and threads and main not in threads
+    threads.clear()
+    asyncio.run(run("short"))
+    assert threads == [main]  # a short one is counted inline: the hop would cost more
