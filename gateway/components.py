@@ -53,6 +53,7 @@ async def _engine(settings: Settings, policy: Policy) -> Any:
 async def _embedder(settings: Settings, policy: Policy) -> Any:
     from policies.embedder import Embedder
 
+    await _warm_normalisation()  # embedding texts are normalised with it (the router's too)
     cfg = settings.embedder
     embedder = Embedder(
         max_wait_ms=cfg.max_wait_ms,
@@ -66,10 +67,16 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
     return embedder
 
 
-async def _cache(settings: Settings, policy: Policy) -> Any:
+async def _warm_normalisation() -> None:
+    """Build the stream-safe NFKC table (~0.4 s, once) off the loop, before traffic: cache keys,
+    embedding texts and the edge prior's features normalise with it."""
     from policies import unicode_norm
 
-    await asyncio.to_thread(unicode_norm.warm)  # the keys' stream-safe table, off the loop, before traffic
+    await asyncio.to_thread(unicode_norm.warm)
+
+
+async def _cache(settings: Settings, policy: Policy) -> Any:
+    await _warm_normalisation()
     state = settings.state
     # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
     # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.
@@ -94,6 +101,7 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
 
 
 async def _cascade(settings: Settings, policy: Policy) -> Any:
+    await _warm_normalisation()  # the edge prior's features normalise with it
     from gateway.cascade import Cascade
     from policies.cascade import CascadePolicy
     from policies.edge_quality.model import load_for_model

@@ -56,14 +56,13 @@ STORE_HEADER = "x-tierlane-store"
 
 @dataclass(slots=True)
 class Turn:
-    """One Responses request: what it asked, the conversation it continues, where it is kept."""
+    """One Responses request: what it asked, the response it continues, where it is kept."""
 
     req: ResponsesRequest
     id: str
     created_at: int
     tenant: str
-    inputs: list[dict[str, Any]]  # this request's input items
-    context: list[dict[str, Any]]  # the items of the conversation before them (read from the chain, never stored)
+    inputs: list[dict[str, Any]]  # this request's input items (the turns before are read from the chain)
     store: ResponseStore | None  # None: store false, nothing is kept
     model: str = ""  # the model name the client asked for: what the Response carries
     tools: ToolSet = field(default_factory=ToolSet)  # chat tool name -> the client's tool (custom, namespaced, ...)
@@ -317,7 +316,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "(server.max_body_bytes); start a new conversation or send a shorter one", param="previous_response_id")
     session = _session(request, req, previous)
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
-                context=context, store=store if req.store else None, model=req.model, tools=tools, session=session)
+                store=store if req.store else None, model=req.model, tools=tools, session=session)
     ctx = chat_context(request, body, "responses", dropped, session=session)
     return await serve(request, ctx, ResponsesWire(turn))
 

@@ -23,7 +23,7 @@ def adapts(cfg: UpstreamSettings) -> bool:
 def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str) -> dict[str, Any]:
     """`body` with the output limit clamped to `max_output_tokens` and, under `system_messages:
     first`, every system message merged into one at the start (in their order, blank-line apart)."""
-    if path not in ("/chat/completions", "/completions"):
+    if not adapts(cfg) or path not in ("/chat/completions", "/completions"):
         return body
     out = body
     limit = cfg.max_output_tokens

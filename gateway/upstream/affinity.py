@@ -50,9 +50,11 @@ class AffinityKey:
     session: str | None = None
 
 
-def prompt_text(body: Mapping[str, Any]) -> str:
-    """The prompt as a server renders it, near enough for prefixes: tools, then each message in order."""
+def prompt_text(body: Mapping[str, Any], limit: int = MAX_BLOCKS * BLOCK_CHARS) -> str:
+    """The prompt as a server renders it, near enough for prefixes: tools, then each message in order;
+    at most `limit` characters are put together (what is indexed), however long the prompt."""
     parts: list[str] = []
+    size = 0
     tools = body.get("tools")
     if tools:
         parts.append(orjson.dumps(tools).decode())
@@ -66,10 +68,13 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         text = content if isinstance(content, str) else orjson.dumps(content).decode()
         calls = message.get("tool_calls")
         parts.append(f"{message.get('role')}\x1f{text}" + (orjson.dumps(calls).decode() if calls else ""))
+        size += len(parts[-1]) + 1
+        if size >= limit:
+            break
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         parts.append(prompt)
-    return "\x1e".join(parts)
+    return "\x1e".join(parts)[:limit]
 
 
 def key_for(body: Mapping[str, Any], session: str | None) -> AffinityKey:

@@ -25,7 +25,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.settings import PoolSettings, Settings, UpstreamSettings
-from gateway.upstream.adapt import adapt, adapts
+from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
 
@@ -368,8 +368,8 @@ class UpstreamPool:
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
-        payload = orjson.dumps(body)
-        adapted: dict[tuple[int | None, str], bytes] = {}  # per member settings that change the body
+        # the body as sent, serialised once per distinct set of member settings that change it (adapt)
+        payloads: dict[tuple[int | None, str], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -393,12 +393,11 @@ class UpstreamPool:
                         break
                 tried.add(id(upstream))
                 attempts += 1
-                sent = payload
-                if adapts(upstream.settings):
-                    key = (upstream.settings.max_output_tokens, upstream.settings.system_messages)
-                    if key not in adapted:
-                        adapted[key] = orjson.dumps(adapt(body, upstream.settings, path))
-                    sent = adapted[key]
+                cfg = upstream.settings
+                key = (cfg.max_output_tokens, cfg.system_messages)
+                sent = payloads.get(key)
+                if sent is None:
+                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path))
                 reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts

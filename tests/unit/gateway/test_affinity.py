@@ -81,3 +81,11 @@ def test_a_pool_of_two_keeps_a_conversation_on_one_member_and_moves_it_when_that
         r = httpx.post(gw.url + "/v1/chat/completions", json=turn(n), timeout=30)
         assert r.status_code == 200, r.text  # retried on the other member: no error reaches the client
     assert recs[1 - holder].hits == 3
+
+
+def test_what_is_put_together_for_the_index_is_bounded():
+    from gateway.upstream.affinity import MAX_BLOCKS, prompt_text
+
+    huge = {"model": "m", "messages": [{"role": "user", "content": "x" * 400_000}] * 20}  # 8 MB of prompt
+    assert len(prompt_text(huge)) == MAX_BLOCKS * BLOCK_CHARS
+    assert len(key_for(huge, None).blocks) == MAX_BLOCKS

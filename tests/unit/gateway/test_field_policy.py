@@ -181,7 +181,7 @@ def test_custom_and_tool_search_items_round_trip_as_chat_calls_and_results():
 def test_a_custom_tool_call_streams_as_custom_tool_call_events():
     req = protocol.check(rw.ResponsesRequest, {"model": "gpt-5.5", "input": "Hi.", "store": False, "tools": [APPLY_PATCH]})
     _, _, tools = rw.translate(req, {}, rw.input_items(req))
-    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], context=[], store=None, model="gpt-5.5",
+    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], store=None, model="gpt-5.5",
                 tools=tools)
     ctx = RequestContext(request_id="r", operation="chat", body={}, headers={}, model="auto", client_model="gpt-5.5",
                          principal=Principal(tenant="t", app="a", key_id="k"), usage=Usage(input_tokens=3, output_tokens=2))

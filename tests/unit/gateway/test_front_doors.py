@@ -125,7 +125,7 @@ def test_the_messages_stream_has_anthropics_event_sequence():
 
 def test_the_responses_stream_numbers_every_event_and_ends_with_the_whole_response():
     req = protocol.check(rw.ResponsesRequest, {"model": "m", "input": "Hi.", "store": False})
-    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], context=[], store=None)
+    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], store=None)
     encoder = ResponsesEncoder(ctx(Usage(input_tokens=3, output_tokens=2)), turn)
     raw = b"".join(encoder.chunk(c) for c in CHUNKS) + asyncio.run(encoder.end(WHOLE))
     events = frames(raw)

@@ -32,7 +32,7 @@ class BrokenStore:
 
 def turn_and_ctx() -> tuple[Turn, RequestContext]:
     req = protocol.check(rw.ResponsesRequest, {"model": "m", "input": "Hi."})
-    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], context=[], store=BrokenStore(), model="m")
+    turn = Turn(req=req, id="resp_1", created_at=1, tenant="t", inputs=[], store=BrokenStore(), model="m")
     ctx = RequestContext(request_id="r", operation="chat", body={}, headers={}, model="m",
                          principal=Principal(tenant="t", app="a", key_id="k"), usage=Usage(input_tokens=2, output_tokens=1))
     return turn, ctx
