@@ -136,7 +136,21 @@ class UpstreamSettings(_Strict):
     system_messages: Literal["anywhere", "first"] = Field(
         "anywhere", description="first: every system message merged into one at the start, for chat templates that "
         "render one system message first")
+    metrics_url: str | None = Field(
+        None, description="the server's Prometheus endpoint (vLLM, SGLang and llama.cpp's server with --metrics: "
+        "http://host:port/metrics): its running and waiting requests and KV use are scraped and weigh in balancing; "
+        "unreachable or unreadable metrics mean the gateway's own counts")
+    metrics_interval_s: float = Field(1.0, gt=0, description="how often metrics_url is scraped")
+    prompt_cache_key: bool | None = Field(
+        None, description="send the request's session key as prompt_cache_key (OpenAI routes prompt caching by it); "
+        "none: only to api.openai.com. Off, a client's own prompt_cache_key on a chat request still goes as sent")
     api_key: str | None = Field(None, exclude=True, description="resolved from api_key_env at load")
+
+    @property
+    def sends_prompt_cache_key(self) -> bool:
+        if self.prompt_cache_key is not None:
+            return self.prompt_cache_key
+        return self.base_url.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0] == "api.openai.com"
 
     @field_validator("base_url")
     @classmethod
@@ -145,13 +159,20 @@ class UpstreamSettings(_Strict):
             raise ValueError("base_url must start with http:// or https://")
         return value.rstrip("/")
 
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("metrics_url must start with http:// or https://")
+        return value
+
 
 class PoolSettings(_Strict):
     fallback: list[str] = Field(default_factory=list)
-    balance: Literal["prefix_affinity", "session", "least_outstanding"] = Field(
+    balance: Literal["prefix_affinity", "session", "least_outstanding", "round_robin"] = Field(
         "prefix_affinity", description="how a member is picked: the one already holding the request's prompt prefix "
         "(or its session) in its KV cache, weighed against load; session: the session's member only; least_outstanding: "
-        "load alone. Prefix affinity is least-outstanding where nothing matches")
+        "load alone; round_robin: in turn. Prefix affinity is least-outstanding where nothing matches")
     max_load_ratio: float = Field(
         2.0, ge=1.0, description="affinity never picks a member with more than this many times the least-loaded "
         "member's outstanding requests (plus one)")

@@ -14,12 +14,10 @@ from gateway.apis.field_policy import DROPPED_HEADER, Dropped, header_value
 from gateway.context import Api, RequestContext, Usage
 from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.routes.openai import read_body
+from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
 # The span attribute that lists the fields a front door accepted but could not pass on.
 DROPPED_ATTRIBUTE = "tierlane.dropped_fields"
-SESSION_ATTRIBUTE = "tierlane.session"
-# A client may name its conversation itself (any API); the front doors also read their own fields.
-SESSION_HEADER = "x-tierlane-session"
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -33,17 +31,6 @@ def field_record(request: web.Request) -> Dropped:
     apis = request.app[SETTINGS].apis
     return Dropped(unknown_fields=apis.unknown_fields, hosted_tools=apis.hosted_tools)
 
-
-# The longest session key kept (a client's id may be anything; the ledger keeps this much).
-MAX_SESSION_CHARS = 200
-
-
-def session_key(*candidates: Any) -> str | None:
-    """The first non-empty string of `candidates`, cut to MAX_SESSION_CHARS."""
-    for value in candidates:
-        if isinstance(value, str) and value.strip():
-            return value.strip()[:MAX_SESSION_CHARS]
-    return None
 
 
 def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: Dropped | Iterable[str] = (),

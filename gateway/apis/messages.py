@@ -22,7 +22,6 @@ from gateway.apis.common import (
     first_choice,
     new_id,
     read_json,
-    session_key,
     sse,
     tool_calls,
 )
@@ -31,6 +30,7 @@ from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError, as_gateway_error, render_unexpected
 from gateway.keys import ERROR_FORMATS, PIPELINE
 from gateway.respond import StreamEncoder, answer_headers, serve
+from gateway.session import session_key
 from policies.domain import Outcome
 from policies.errors import PolicyError
 from telemetry.tokens import estimate_request_tokens

@@ -19,14 +19,12 @@ from aiohttp import web
 
 from gateway import protocol
 from gateway.apis.common import (
-    SESSION_HEADER,
     answer_usage,
     chat_context,
     field_record,
     first_choice,
     new_id,
     read_json,
-    session_key,
     sse,
 )
 from gateway.apis.response_store import QuotaExceeded, ResponseStore, StoreFailed
@@ -48,6 +46,7 @@ from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import PRINCIPAL, SERVICES, SETTINGS
 from gateway.respond import StreamEncoder, serve
+from gateway.session import SESSION_HEADER, session_key
 
 log = logging.getLogger(__name__)
 # Set to `failed` on an answer whose response could not be stored (its `store` then reads false).

@@ -87,10 +87,12 @@ async def answer(
             stream=ctx.stream,
             client_authorization=ctx.headers.get("Authorization"),
             affinity=affinity,
+            session=ctx.session,
         )
     finally:
         ctx.lane_seconds += time.perf_counter() - started
     ctx.attributes["tierlane.upstream.name"] = reply.upstream.name
+    ctx.response_headers["x-tierlane-upstream"] = reply.upstream.name
     ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
     ctx.attributes["tierlane.upstream.native"] = native
     if native:

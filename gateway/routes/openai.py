@@ -14,6 +14,7 @@ from gateway.context import RequestContext, WireOperation
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.keys import MODELS, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.respond import serve
+from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -50,7 +51,11 @@ async def _handle(request: web.Request, operation: WireOperation) -> web.StreamR
         api=operation,
         received_at=request[RECEIVED_AT],
         request=wire,
+        # a conversation's key: the header, else the client's own prompt-cache key
+        session=session_key(request.headers.get(SESSION_HEADER), body.get("prompt_cache_key")),
     )
+    if ctx.session is not None:
+        ctx.attributes[SESSION_ATTRIBUTE] = ctx.session
     return await serve(request, ctx)
 
 

@@ -4,6 +4,8 @@ Hosted APIs take any `max_tokens` and system messages anywhere; a small self-hos
 have a context of a few thousand tokens (a coding agent asks for 128,000 output tokens) and a
 chat template that renders one system message, first. Both are per-upstream settings; a body
 for an upstream that declares neither is sent as it is, serialized once for every member.
+An upstream that routes its prompt cache by `prompt_cache_key` (OpenAI) gets the request's
+session key there, unless the client set one.
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ _LIMITS = ("max_tokens", "max_completion_tokens")
 
 def adapts(cfg: UpstreamSettings) -> bool:
     """Whether `adapt` may change a body for this upstream."""
-    return cfg.max_output_tokens is not None or cfg.system_messages == "first"
+    return cfg.max_output_tokens is not None or cfg.system_messages == "first" or cfg.sends_prompt_cache_key
 
 
-def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str) -> dict[str, Any]:
-    """`body` with the output limit clamped to `max_output_tokens` and, under `system_messages:
-    first`, every system message merged into one at the start (in their order, blank-line apart)."""
+def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str, session: str | None = None) -> dict[str, Any]:
+    """`body` with the output limit clamped to `max_output_tokens`, under `system_messages: first`
+    every system message merged into one at the start (in their order, blank-line apart), and the
+    session as `prompt_cache_key` where the upstream takes one and the client gave none."""
     if not adapts(cfg) or path not in ("/chat/completions", "/completions"):
         return body
     out = body
+    if cfg.sends_prompt_cache_key and session and path == "/chat/completions" and not out.get("prompt_cache_key"):
+        out = {**out, "prompt_cache_key": session}
     limit = cfg.max_output_tokens
     if limit is not None:
         asked = [int(out[name]) for name in _LIMITS if isinstance(out.get(name), int)]

@@ -13,12 +13,21 @@ score: matched share - LOAD_WEIGHT x relative load), never to a member with more
 least-outstanding as before. A session key pins a conversation to its member while that member
 takes requests and is within the same load bound.
 
-NOTE: the index is this gateway replica's own (Python's hash is per process): replicas of the
-gateway each learn the fleet from their own traffic.
+Replicas of the gateway agree without talking: each keeps its own index, but the hashes are
+stable (blake2b, not Python's per-process hash) and a session the replica has not seen yet goes
+to the member its rendezvous hash names (vLLM production-stack's session mode) while that member
+is within the load bound, so a session's turns spread over two replicas meet on one member; a prompt with no session and no match goes to
+the least loaded member, ties broken by the rendezvous hash of its first block. A shared index
+(Valkey) would add a round trip to every request for what the hash gives for free; what it would
+add (a prefix sent by the other replica, without a session) is measured in bench/prefix_affinity.py.
+A member's load is the gateway's own outstanding requests, or the server's running plus waiting
+requests where its metrics are scraped and higher (`server_load.py`: other clients and other
+gateway replicas count too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -31,6 +40,7 @@ BLOCK_CHARS = 256  # ~64 tokens of English
 MAX_BLOCKS = 4096  # the first 1 MiB of a prompt is indexed; beyond, matching it says nothing more
 CHARS_PER_TOKEN = 4
 LOAD_WEIGHT = 0.5  # how much a member's relative load weighs against its matched prefix share
+KV_FULL = 0.9  # a member's KV use (where its metrics say) above which an unmatched prompt goes elsewhere if it can
 MAX_SESSIONS = 65_536  # sessions remembered per pool (LRU)
 
 
@@ -39,7 +49,10 @@ class Member(Protocol):
     def name(self) -> str: ...
 
     @property
-    def inflight(self) -> int: ...
+    def load(self) -> int: ...
+
+    @property
+    def kv_usage(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +95,17 @@ def key_for(body: Mapping[str, Any], session: str | None) -> AffinityKey:
     text = prompt_text(body)
     whole = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
     blocks: list[int] = []
-    previous = 0
+    previous = b""
     for i in range(whole):
-        previous = hash((previous, text[i * BLOCK_CHARS:(i + 1) * BLOCK_CHARS]))
-        blocks.append(previous)
+        previous = hashlib.blake2b(previous + text[i * BLOCK_CHARS:(i + 1) * BLOCK_CHARS].encode(), digest_size=8).digest()
+        blocks.append(int.from_bytes(previous))
     return AffinityKey(tuple(blocks), session)
+
+
+def rendezvous(anchor: str, members: Sequence[Member]) -> Member:
+    """The member with the highest hash of (anchor, its name): the same on every gateway replica, and
+    a member that leaves moves only its own anchors."""
+    return max(members, key=lambda m: hashlib.blake2b(f"{anchor}\x1f{m.name}".encode(), digest_size=8).digest())
 
 
 class PrefixIndex:
@@ -124,36 +143,49 @@ class PrefixIndex:
 class Balancer:
     """The members' prefix indexes and the sessions' members, for one pool."""
 
-    mode: str = "prefix_affinity"  # prefix_affinity | session | least_outstanding
+    mode: str = "prefix_affinity"  # prefix_affinity | session | least_outstanding | round_robin
     max_load_ratio: float = 2.0
     indexes: dict[str, PrefixIndex] = field(default_factory=dict)
     sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
     hits: int = 0  # requests sent where a prefix or the session was found
     picks: int = 0
+    _turn: int = 0  # round_robin's position
 
     def choose(self, candidates: Sequence[Member], key: AffinityKey | None) -> Member:
         """The member for a request among `candidates` (non-empty: those with a closed breaker, not yet tried)."""
-        least = min(m.inflight for m in candidates)
-        allowed = [m for m in candidates if m.inflight <= self.max_load_ratio * least + 1] or list(candidates)
         self.picks += 1
+        if self.mode == "round_robin":
+            self._turn += 1
+            return candidates[self._turn % len(candidates)]
+        least = min(m.load for m in candidates)
+        allowed = [m for m in candidates if m.load <= self.max_load_ratio * least + 1] or list(candidates)
         if key is not None and self.mode != "least_outstanding":
             if key.session is not None:
                 pinned = self.sessions.get(key.session)
+                if pinned is None:
+                    # a session new to this replica goes where every replica sends it, load permitting
+                    target = rendezvous(key.session, candidates)
+                    if target in allowed:
+                        return target
                 for member in allowed:
                     if member.name == pinned:
                         self.hits += 1
                         return member
             if self.mode == "prefix_affinity" and key.blocks:
-                busiest = max(1, max(m.inflight for m in allowed))
-                scored = [(self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (m.inflight - least) / busiest, m)
+                busiest = max(1, max(m.load for m in allowed))
+                scored = [(self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (m.load - least) / busiest, m)
                           for m in allowed]
                 best_score = max(score for score, _ in scored)
                 best = [m for score, m in scored if score == best_score]
                 if self._matched(best[0], key.blocks) > 0:
                     self.hits += 1
-                    return random.choice(best)
-        fewest = min(m.inflight for m in allowed)
-        return random.choice([m for m in allowed if m.inflight == fewest])
+                    return best[0] if len(best) == 1 else rendezvous(str(key.blocks[0]), best)
+        fewest = [m for m in allowed if m.load == min(m.load for m in allowed)]
+        # a new prefix evicts others where the KV cache is full: members with room first (scraped KV use)
+        fewest = [m for m in fewest if m.kv_usage < KV_FULL] or fewest
+        if len(fewest) > 1 and key is not None and key.blocks:
+            return rendezvous(str(key.blocks[0]), fewest)
+        return random.choice(fewest)
 
     def _matched(self, member: Member, blocks: Sequence[int]) -> int:
         index = self.indexes.get(member.name)
@@ -161,7 +193,7 @@ class Balancer:
 
     def record(self, member: Member, key: AffinityKey | None, capacity_tokens: int) -> None:
         """`member` was sent the request: its prefix is in that member's cache now, the session is its."""
-        if key is None or self.mode == "least_outstanding":
+        if key is None or self.mode in ("least_outstanding", "round_robin"):
             return
         if key.blocks:
             index = self.indexes.get(member.name)

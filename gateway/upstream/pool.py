@@ -1,4 +1,4 @@
-"""Named upstreams grouped into pools: least-outstanding balancing, retries, fallback, breakers."""
+"""Named upstreams grouped into pools: prefix/session affinity or least-outstanding balancing, retries, fallback, breakers."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.server_load import ServerLoad, current, keep_scraping
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,22 @@ class Upstream:
     wildcard: bool = False
     models: frozenset[str] = field(default_factory=frozenset)
     discovered: tuple[str, ...] = ()  # what a wildcard upstream's /models listed at start
+    server_load: ServerLoad | None = None  # its own metrics' last reading (metrics_url)
 
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def load(self) -> int:
+        """Requests on this server: the gateway's own, or the server's count where scraped and higher."""
+        server = current(self.server_load, self.settings.metrics_interval_s)
+        return self.inflight if server is None else max(self.inflight, server.requests)
+
+    @property
+    def kv_usage(self) -> float:
+        server = current(self.server_load, self.settings.metrics_interval_s)
+        return 0.0 if server is None or server.kv_usage is None else server.kv_usage
 
     def serves(self, model: str) -> bool:
         return self.wildcard or model in self.models
@@ -159,6 +172,7 @@ class UpstreamPool:
                 raise ValueError(f"pool {name!r} falls back to unknown pool(s) {unknown}")
         self._watcher: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._scrapers: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
 
     async def start(self) -> None:
@@ -178,6 +192,12 @@ class UpstreamPool:
         if self._upstreams and self._watcher is None:
             self._wake = asyncio.Event()
             self._watcher = asyncio.create_task(self._watch_breakers(), name="tierlane-breaker-probes")
+        for upstream in self._upstreams:
+            cfg = upstream.settings
+            if cfg.metrics_url is not None and upstream.session is not None:
+                self._scrapers.append(asyncio.create_task(
+                    keep_scraping(upstream.session, cfg.metrics_url, cfg.metrics_interval_s, upstream),
+                    name=f"tierlane-metrics-{upstream.name}"))
 
     async def _discover(self, upstream: Upstream) -> None:
         """Ask a wildcard upstream which models it serves, so `auto` has a name to send it."""
@@ -197,8 +217,9 @@ class UpstreamPool:
         )
 
     async def close(self) -> None:
-        tasks = [t for t in (self._watcher, *self._probes) if t is not None]
+        tasks = [t for t in (self._watcher, *self._probes, *self._scrapers) if t is not None]
         self._watcher, self._wake = None, None
+        self._scrapers.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -333,8 +354,8 @@ class UpstreamPool:
             chosen = balancer.choose(fresh, key)
             assert isinstance(chosen, Upstream)
             return chosen
-        least = min(u.inflight for u in fresh)
-        return random.choice([u for u in fresh if u.inflight == least])
+        least = min(u.load for u in fresh)
+        return random.choice([u for u in fresh if u.load == least])
 
     def _finish(self, upstream: Upstream, ok: bool) -> None:
         upstream.inflight -= 1
@@ -360,16 +381,18 @@ class UpstreamPool:
         stream: bool,
         client_authorization: str | None = None,
         affinity: AffinityKey | None = None,
+        session: str | None = None,
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
 
         `affinity` (the prompt's prefix blocks and session) lets a pool's balancer pick the member
-        that holds them; the member a request went to remembers them.
+        that holds them; the member a request went to remembers them. `session` goes as
+        `prompt_cache_key` to members that take one.
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         # the body as sent, serialised once per distinct set of member settings that change it (adapt)
-        payloads: dict[tuple[int | None, str], bytes] = {}
+        payloads: dict[tuple[int | None, str, bool], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -394,10 +417,10 @@ class UpstreamPool:
                 tried.add(id(upstream))
                 attempts += 1
                 cfg = upstream.settings
-                key = (cfg.max_output_tokens, cfg.system_messages)
+                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key)
                 sent = payloads.get(key)
                 if sent is None:
-                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path))
+                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path, session))
                 reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts

@@ -57,6 +57,9 @@ class Recorder:
     models_gets: list[float] = field(default_factory=list)
     models_status: int = 200
     models_delay: float = 0.0
+    # GET /metrics: this Prometheus text (404 while None), as a server with metrics on answers it
+    metrics: str | None = None
+    metrics_gets: int = 0
 
 
 def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
@@ -166,9 +169,16 @@ def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
         await asyncio.sleep(rec.models_delay)
         return web.json_response({"object": "list", "data": []}, status=rec.models_status)
 
+    async def metrics(request: web.Request) -> web.Response:
+        rec.metrics_gets += 1
+        if rec.metrics is None:
+            return web.Response(status=404, text="metrics are off")
+        return web.Response(text=rec.metrics, content_type="text/plain")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/metrics", metrics)
     if opts.get("models_route"):
         app.router.add_get("/v1/models", models)
     return app

@@ -18,6 +18,11 @@ SYSTEM = "You are a coding agent. " * 120  # ~2.9k characters: 11 whole blocks s
 class M:
     name: str
     inflight: int = 0
+    kv_usage: float = 0.0
+
+    @property
+    def load(self) -> int:
+        return self.inflight
 
 
 def turn(n: int, system: str = SYSTEM) -> dict[str, object]:
@@ -60,6 +65,13 @@ def test_the_balancer_follows_the_prefix_within_the_load_bound_and_pins_sessions
     balancer.record(a, session, capacity_tokens=100_000)
     a.inflight, b.inflight = 1, 0
     assert balancer.choose([a, b], session) is a
+    b.inflight = 0
+    a.inflight = 3  # beyond the bound: the session goes elsewhere, and stays there
+    moved = balancer.choose([a, b], session)
+    assert moved is b
+    balancer.record(moved, session, capacity_tokens=100_000)
+    a.inflight = 0
+    assert balancer.choose([a, b], session) is b
     balancer.forget(b)
     assert balancer.choose([a, b], key_for(turn(2), None)).name in ("a", "b")
     assert Balancer(mode="least_outstanding").choose([a, b], key_for(turn(2), None)) is b
@@ -89,3 +101,34 @@ def test_what_is_put_together_for_the_index_is_bounded():
     huge = {"model": "m", "messages": [{"role": "user", "content": "x" * 400_000}] * 20}  # 8 MB of prompt
     assert len(prompt_text(huge)) == MAX_BLOCKS * BLOCK_CHARS
     assert len(key_for(huge, None).blocks) == MAX_BLOCKS
+
+
+def test_two_replicas_send_a_session_to_the_same_member_without_talking():
+    members = [M("gpu0"), M("gpu1"), M("gpu2")]
+    one, two = Balancer(), Balancer()  # two gateway replicas, each with its own index
+    homes = set()
+    for s in range(30):
+        session = f"session-{s}"
+        first = one.choose(members, key_for(turn(1, system=f"agent {s} " * 60), session))
+        one.record(first, key_for(turn(1, system=f"agent {s} " * 60), session), 100_000)
+        second = two.choose(members, key_for(turn(2, system=f"agent {s} " * 60), session))  # next turn, other replica
+        assert second is first
+        homes.add(first.name)
+    assert homes == {"gpu0", "gpu1", "gpu2"}  # the hash spreads sessions over the members
+    # stable across processes: the hashes are blake2b, not Python's per-process hash
+    assert key_for(turn(1), None).blocks[0] == 0x65D15ADC473B0D39
+
+
+def test_a_member_whose_kv_cache_is_full_gets_no_new_prefix_while_another_has_room():
+    a, b = M("a", kv_usage=0.97), M("b", kv_usage=0.2)
+    balancer = Balancer()
+    assert all(balancer.choose([a, b], key_for(turn(1, system=f"new {i} " * 80), None)) is b for i in range(10))
+    a.kv_usage = 0.5
+    assert {balancer.choose([a, b], key_for(turn(1, system=f"new {i} " * 80), None)).name for i in range(20)} == {"a", "b"}
+
+
+def test_round_robin_takes_the_members_in_turn():
+    members = [M("a"), M("b"), M("c")]
+    balancer = Balancer(mode="round_robin")
+    members[0].inflight = 9  # load does not matter to it
+    assert [balancer.choose(members, None).name for _ in range(6)] == ["b", "c", "a", "b", "c", "a"]
