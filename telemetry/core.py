@@ -384,6 +384,7 @@ class Telemetry:
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cached_input_tokens=usage.cached_input_tokens,
+            cache_write_tokens=max(0, usage.cache_write_tokens) + max(0, usage.cache_write_1h_tokens),
             model_seconds=ctx.lane_seconds,
             latency_s=latency,
             ttft_s=ttft,

@@ -72,6 +72,7 @@ USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
     "input_tokens": ("input_tokens",),
     "output_tokens": ("output_tokens",),
     "cached_input_tokens": ("cached_input_tokens",),
+    "cache_write_tokens": ("cache_write_tokens",),
     "trimmed_tokens": ("trimmed_tokens",),
     "estimated_requests": ("estimated_requests",),
     "cost_usd": ("cost",),
@@ -535,7 +536,7 @@ def _sessions(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str,
     """The costliest conversations (agent sessions, Responses chains) in the range, from the raw rows."""
     sql = ("SELECT tenant, app, session, COUNT(*) AS requests, SUM(status >= 400) AS errors, SUM(cost) AS cost, "
            "SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens, "
-           "SUM(cached_input_tokens) AS cached_input_tokens, MIN(ts) AS first, MAX(ts) AS last "
+           "SUM(cached_input_tokens) AS cached_input_tokens, SUM(cache_write_tokens) AS cache_write_tokens, MIN(ts) AS first, MAX(ts) AS last "
            "FROM requests WHERE ts >= ? AND ts < ? AND session IS NOT NULL")  # fmt: skip
     params: list[Any] = [query.start, query.end]
     if query.tenant is not None:
@@ -546,7 +547,8 @@ def _sessions(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str,
         {"tenant": r["tenant"], "app": r["app"], "session": r["session"], "requests": int(r["requests"]),
          "errors": int(r["errors"] or 0), "cost_usd": round(float(r["cost"] or 0.0), 9),
          "input_tokens": int(r["input_tokens"] or 0), "output_tokens": int(r["output_tokens"] or 0),
-         "cached_input_tokens": int(r["cached_input_tokens"] or 0), "first": iso_time(r["first"]),
+         "cached_input_tokens": int(r["cached_input_tokens"] or 0),
+         "cache_write_tokens": int(r["cache_write_tokens"] or 0), "first": iso_time(r["first"]),
          "last": iso_time(r["last"])}  # fmt: skip
         for r in conn.execute(sql, params)
     ]

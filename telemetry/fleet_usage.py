@@ -96,6 +96,7 @@ def _amounts(row: LedgerRow) -> dict[str, float]:
         "input_tokens": float(row.input_tokens),
         "output_tokens": float(row.output_tokens),
         "cached_input_tokens": float(row.cached_input_tokens),
+        "cache_write_tokens": float(row.cache_write_tokens),
         "trimmed_tokens": float(row.trimmed_tokens),
         "estimated_requests": 1.0 if row.estimated else 0.0,
         "cost_usd": row.cost,

@@ -186,7 +186,7 @@ ROLLUP_TABLES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 HIST_LEVELS: tuple[int, ...] = (86400, 3600)
 # Bumped whenever the rollups change shape or meaning: a writer then rebuilds them from the rows.
-ROLLUP_VERSION = 2
+ROLLUP_VERSION = 3
 # Rollup column -> what one ledger row adds to it (an SQL expression over `requests`). A reader
 # that totals raw rows uses the same expressions, so rollups and raw rows always agree.
 ROLLUP_MEASURES: dict[str, str] = {
@@ -196,6 +196,7 @@ ROLLUP_MEASURES: dict[str, str] = {
     "input_tokens": "input_tokens",
     "output_tokens": "output_tokens",
     "cached_input_tokens": "cached_input_tokens",
+    "cache_write_tokens": "cache_write_tokens",
     "trimmed_tokens": "trimmed_tokens",
     "estimated_requests": "estimated",
     "cost": "cost",

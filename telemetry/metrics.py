@@ -40,6 +40,7 @@ class Measurement:
     ttft_s: float | None
     cost: float
     saved: dict[str, float] = field(default_factory=dict)
+    cache_write_tokens: int = 0  # input tokens written to a provider's prompt cache (5-minute and 1-hour)
     # the cascade's check of an edge answer: served | escalated | not_cacheable (pinned, below threshold)
     edge_result: str | None = None
     edge_reason: str = ""  # why it was escalated: low_confidence | loop

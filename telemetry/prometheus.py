@@ -271,7 +271,8 @@ class PromMetrics:
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = self._children(m)
-        tokens_in, tokens_out, duration, ttft, latency, requests, count_in, count_out, count_cached, cost, saved = series
+        (tokens_in, tokens_out, duration, ttft, latency, requests, count_in, count_out, count_cached, count_written, cost,
+         saved) = series
         if m.model_called:
             tokens_in.observe(m.input_tokens)
             tokens_out.observe(m.output_tokens)
@@ -284,6 +285,8 @@ class PromMetrics:
         count_out.inc(m.output_tokens)
         if m.cached_input_tokens:
             count_cached.inc(m.cached_input_tokens)
+        if m.cache_write_tokens:
+            count_written.inc(m.cache_write_tokens)
         if m.cost > 0:
             cost.inc(m.cost)
         for reason, amount in m.saved.items():
@@ -317,6 +320,7 @@ class PromMetrics:
             self._token_count.labels(*who, m.request_model, "input"),
             self._token_count.labels(*who, m.request_model, "output"),
             self._token_count.labels(*who, m.request_model, "cached_input"),
+            self._token_count.labels(*who, m.request_model, "cache_write"),
             self._cost.labels(*who, m.request_model),
             {reason: self._saved.labels(*who, reason) for reason in SAVING_REASONS},
         )

@@ -211,6 +211,7 @@ class ModelSpan(_Scoped):
             attrs[a.GEN_AI_INPUT_TOKENS] = ctx.usage.input_tokens
             attrs[a.GEN_AI_OUTPUT_TOKENS] = ctx.usage.output_tokens
             attrs[a.GEN_AI_CACHE_READ_TOKENS] = ctx.usage.cached_input_tokens
+            attrs[a.GEN_AI_CACHE_CREATION_TOKENS] = ctx.usage.cache_write_tokens + ctx.usage.cache_write_1h_tokens
             attrs[a.USAGE_ESTIMATED] = ctx.usage.estimated
         if self._record_content and response.get("choices"):
             outputs = [c.get("message") or {"role": "assistant", "content": c.get("text")} for c in response["choices"]]

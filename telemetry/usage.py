@@ -23,7 +23,8 @@ MEASURES: dict[str, str] = {
     "errors": "SUM(status >= 400)",
     "input_tokens": "SUM(input_tokens)",
     "output_tokens": "SUM(output_tokens)",
-    "cached_input_tokens": "SUM(cached_input_tokens)",
+    "cached_input_tokens": "SUM(cached_input_tokens)",  # prompt-cache reads
+    "cache_write_tokens": "SUM(cache_write_tokens)",  # prompt-cache writes (5-minute and 1-hour)
     "trimmed_tokens": "SUM(trimmed_tokens)",
     "estimated_requests": "SUM(estimated)",
     "cost_usd": "SUM(cost)",

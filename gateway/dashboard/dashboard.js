@@ -193,7 +193,7 @@
       card("ttft_p50", "TTFT p50", ttft.p50, fmtMs(ttft.p50), "p95 " + fmtMs(ttft.p95) + " · p99 " + fmtMs(ttft.p99)),
     );
     // the figures' values on hidden cards too, so the whole /v1/usage total can be checked on the page
-    for (const metric of ["output_tokens", "errors", "cached_input_tokens", "trimmed_tokens", "estimated_requests"]) {
+    for (const metric of ["output_tokens", "errors", "cached_input_tokens", "cache_write_tokens", "trimmed_tokens", "estimated_requests"]) {
       const c = card(metric, metric, h[metric], fmtInt(h[metric]));
       c.hidden = true;
       $("headline").append(c);
@@ -284,9 +284,16 @@
   function renderBreakdown(rows) {
     if (!rows.length) { $("breakdown").replaceChildren(el("p", { cls: "muted", text: "No requests in this range." })); return; }
     $("breakdown").replaceChildren(table(
-      ["tenant", "!app", "!model", "requests", "input tokens", "output tokens", "cost", "saved", "429s", "errors"],
+      ["tenant", "!app", "!model", "requests", "input tokens", "prompt cache read / written", "output tokens", "cost", "saved", "429s", "errors"],
       rows.map((r) => [{ cls: "t", text: r.tenant }, { cls: "t", text: r.app }, { cls: "t", text: r.model }, fmtInt(r.requests),
-        fmtInt(r.input_tokens), fmtInt(r.output_tokens), fmtUsd(r.cost_usd), fmtUsd(r.saved_usd), fmtInt(r.rejected), fmtInt(r.errors)])));
+        fmtInt(r.input_tokens), cacheShares(r), fmtInt(r.output_tokens), fmtUsd(r.cost_usd), fmtUsd(r.saved_usd), fmtInt(r.rejected), fmtInt(r.errors)])));
+  }
+  // the share of input tokens read from the upstream's prompt cache, and written to it (priced on their own)
+  function cacheShares(r) {
+    const input = r.input_tokens || 0;
+    if (!input) return "–";
+    return { text: fmtPct((r.cached_input_tokens || 0) / input) + " / " + fmtPct((r.cache_write_tokens || 0) / input),
+      title: fmtInt(r.cached_input_tokens || 0) + " tokens read, " + fmtInt(r.cache_write_tokens || 0) + " written" };
   }
   function spendBar(spent, limit) {
     if (limit == null) return el("span", { cls: "muted", text: fmtUsd(spent) });
@@ -328,9 +335,9 @@
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
       { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
     const sessions = q.sessions || [];
-    if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "cached", "cost"],
+    if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "prompt cache read / written", "cost"],
       sessions.map((x) => [{ cls: "t", text: x.session, title: x.first + " – " + x.last }, { cls: "t", text: x.tenant + " / " + x.app },
-        fmtInt(x.requests), fmtInt(x.errors), fmtInt(x.input_tokens + x.output_tokens), fmtInt(x.cached_input_tokens), fmtUsd(x.cost_usd)])));
+        fmtInt(x.requests), fmtInt(x.errors), fmtInt(x.input_tokens + x.output_tokens), cacheShares(x), fmtUsd(x.cost_usd)])));
     $("quality").replaceChildren(...parts);
   }
   function renderEngine(s, scope) {

@@ -17,8 +17,10 @@ def _event(data: dict[str, Any]) -> bytes:
     return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def anthropic_app(rec: Recorder) -> web.Application:
-    """Answers every /v1/messages with a thinking block and TEXT, as JSON or as Anthropic's events."""
+def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.Application:
+    """Answers every /v1/messages with a thinking block and TEXT, as JSON or as Anthropic's events,
+    reporting `usage` (USAGE unless given)."""
+    USAGE = usage or globals()["USAGE"]  # noqa: N806
 
     async def messages(request: web.Request) -> web.StreamResponse:
         rec.hits += 1

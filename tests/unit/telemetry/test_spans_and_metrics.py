@@ -37,7 +37,7 @@ def app_for(h: Harness, fail: bool = False) -> web.Application:
         with t.model_span(ctx) as model:
             if fail:
                 raise UpstreamError("boom")
-            ctx.usage = Usage(input_tokens=120, output_tokens=30, cached_input_tokens=20)
+            ctx.usage = Usage(input_tokens=120, output_tokens=30, cached_input_tokens=20, cache_write_tokens=7, cache_write_1h_tokens=3)
             ctx.lane_seconds = 0.25
             ctx.first_token_at = ctx.received_at + 0.05
             model.set_response({"id": "chatcmpl-1", "model": "gpt-4o-2024-08-06", "choices": [{"finish_reason": "stop"}]})
@@ -74,6 +74,7 @@ async def test_server_stage_and_model_spans(make_telemetry: TelemetryFactory, ai
     assert attrs["gen_ai.usage.input_tokens"] == 120
     assert attrs["gen_ai.usage.output_tokens"] == 30
     assert attrs["gen_ai.usage.cache_read.input_tokens"] == 20
+    assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 10  # 5-minute and 1-hour writes
     assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("stop",)
     assert attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.request.max_tokens"] == 64
