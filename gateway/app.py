@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -55,12 +56,18 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
         started: list[object] = []
         pipeline: Pipeline | None = None
         try:
+            began = time.perf_counter()
             await pool.start()
+            services.startup_s["pool"] = round(time.perf_counter() - began, 3)
             for component in COMPONENTS:
                 if component.enabled(settings, policy):
+                    began = time.perf_counter()
                     value = await component.build(settings, policy)
+                    services.startup_s[component.attribute] = round(time.perf_counter() - began, 3)
                     setattr(services, component.attribute, value)
                     started.append(value)
+            log.info("started in %.2f s: %s", sum(services.startup_s.values()),
+                     ", ".join(f"{k} {v:.2f} s" for k, v in services.startup_s.items()))
             if services.cache is not None and services.telemetry is not None:
                 services.telemetry.watch_cache_bounds(services.cache.bounds.stats)
             app[SERVICES] = services

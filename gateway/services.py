@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,3 +32,5 @@ class Services:
     telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets
     cascade: Cascade | None = None  # the edge lane's calibrated decision and confidence check
     responses: ResponseStore | None = None  # stored responses of the Responses API
+    # seconds each part took to start (pool, then every component), in order: /readyz reports them
+    startup_s: dict[str, float] = field(default_factory=dict)

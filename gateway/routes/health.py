@@ -28,6 +28,7 @@ async def readyz(request: web.Request) -> web.Response:
             # "torch" here means the ONNX export could not run; the log says why.
             checks["embedder"] = services.embedder.backend_name
             checks["embedder_precision"] = services.embedder.precision_name
+        checks["startup_s"] = services.startup_s  # where the start's seconds went, part by part
     status = 200 if ready else 503
     return web.json_response({"status": "ready" if ready else "not ready", "checks": checks}, status=status)
 
