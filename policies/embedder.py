@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,7 +93,10 @@ def load_encoder(
 
             cache = Path(cache_dir) if cache_dir else default_cache_dir()
             return load_onnx_encoder(model_dir, cache, threads, precision)
-        except Exception as exc:  # noqa: BLE001 - any failure of the export falls back to torch, logged
+        except Exception as exc:  # any failure of the export falls back to torch where it is installed, logged
+            if importlib.util.find_spec("sentence_transformers") is None or not (model_dir / "model.safetensors").exists():
+                raise RuntimeError(f"the ONNX embedding backend cannot start ({exc}), and there is no torch backend to fall "
+                                   "back to (pip install 'tierlane[train]' and the model's weights)") from exc
             logger.warning("ONNX embedding backend unavailable, using torch (float32): %s", exc)
     _set_torch_threads(threads)
     return TorchEncoder(load_sentence_model(model_dir))

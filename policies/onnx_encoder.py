@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -56,7 +57,16 @@ INT8_RECIPE = "int8-per-token-activations-per-column-weights-v1"
 SUB_BATCH = 16
 
 
+# Where a model directory without its weights names the digest of the weights its graphs were made
+# from (the image's: graphs made at build time, weights left out, `strip_weights`).
+WEIGHTS_DIGEST_FILE = "tierlane-weights-digest"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
 def _model_digest(model_dir: Path) -> str:
+    recorded = model_dir / WEIGHTS_DIGEST_FILE
+    if not (model_dir / "model.safetensors").exists() and recorded.exists():
+        return recorded.read_text().strip()
     digest = hashlib.sha256(f"tierlane-onnx-export-v{EXPORT_VERSION}-opset{OPSET}".encode())
     for name in ("config.json", "sentence_bert_config.json", "tokenizer.json", "model.safetensors"):
         path = model_dir / name
@@ -65,6 +75,16 @@ def _model_digest(model_dir: Path) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def strip_weights(model_dir: Path) -> str:
+    """Record the weights' digest in `model_dir` and delete the weights: what is left (configuration,
+    tokenizer) serves the graphs already made from them, and nothing can export again."""
+    digest = _model_digest(model_dir)
+    (model_dir / WEIGHTS_DIGEST_FILE).write_text(digest + "\n")
+    for name in WEIGHT_FILES:
+        (model_dir / name).unlink(missing_ok=True)
+    return digest
 
 
 def max_seq_length(model_dir: Path) -> int:
@@ -107,7 +127,13 @@ def export(model_dir: Path, out_path: Path) -> Path:
 
     Written to a temporary file beside `out_path` and renamed into place only after the probes
     match, so a crash or a concurrent export never leaves a half-written or wrong model behind.
+    Needs the train extra (torch, sentence-transformers, onnx).
     """
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("sentence_transformers") is None:
+        raise RuntimeError(f"no embedding graph at {out_path}, and making one needs torch and sentence-transformers "
+                           "(pip install 'tierlane[train]'), or a graph made elsewhere in embedder.cache_dir")
+    if not (model_dir / "model.safetensors").exists():
+        raise RuntimeError(f"no embedding graph at {out_path}, and the weights to make it from are not in {model_dir}")
     import torch
 
     from policies.sentence_model import encode, load_sentence_model

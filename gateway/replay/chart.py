@@ -8,9 +8,12 @@ from typing import Any
 PERCENTILES = ("p50", "p95", "p99")
 
 
-def write_chart(report: dict[str, Any], out_dir: Path) -> Path:
-    """Render `replay.png` from a report made by `build_report`."""
-    import matplotlib
+def write_chart(report: dict[str, Any], out_dir: Path) -> Path | None:
+    """Render `replay.png` from a report made by `build_report`; None without matplotlib (the train extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -59,7 +59,10 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report), end="")
-    print(f"wrote {json_path} and {png_path}", file=sys.stderr)
+    if png_path is None:
+        print(f"wrote {json_path} (no chart: matplotlib comes with `pip install tierlane[train]`)", file=sys.stderr)
+    else:
+        print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
 
 

@@ -125,3 +125,28 @@ async def test_embedder_serves_the_configured_precision(sentence_encoder, tmp_pa
         assert float(vector @ sentence_encoder.encode(["How do I convert Celsius to Fahrenheit?"])[0]) > 0.97
     finally:
         await emb.close()
+
+
+def test_a_model_dir_without_its_weights_serves_the_graphs_made_from_them(sentence_encoder, tmp_path: Path) -> None:
+    """The image's layout: graphs made at build time, the weights (and torch) left out of the runtime."""
+    from policies.onnx_encoder import WEIGHTS_DIGEST_FILE, export, strip_weights
+
+    model = tmp_path / "model"
+    shutil.copytree(bundled_model_path(), model)
+    cache = tmp_path / "graphs"
+    cache.mkdir()
+    graph = onnx_path_for(model, cache)
+    assert graph.name == onnx_path_for(bundled_model_path(), cache).name  # named by the weights' digest
+    shutil.copyfile(sentence_encoder.path, graph)
+    strip_weights(model)
+    assert not (model / "model.safetensors").exists() and (model / WEIGHTS_DIGEST_FILE).exists()
+    assert onnx_path_for(model, cache) == graph  # the recorded digest names the same graph
+    served = load_encoder("onnx", model_path=model, cache_dir=cache)
+    assert served.backend == "onnx"
+    text = ["How do I convert Celsius to Fahrenheit?"]
+    assert float(served.encode(text)[0] @ sentence_encoder.encode(text)[0]) > 0.99999
+    # nothing to make a missing graph from, and no torch fallback without weights: a clear error, not a crash later
+    with pytest.raises(RuntimeError, match="weights"):
+        export(model, tmp_path / "again.onnx")
+    with pytest.raises(RuntimeError, match="no torch backend"):
+        load_encoder("onnx", model_path=model, cache_dir=tmp_path / "empty")
