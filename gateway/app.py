@@ -21,6 +21,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
 from policies.policy import Policy
+from policies.tier_prices import unpriced_tier_warnings
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                     services.startup_s[component.attribute] = round(time.perf_counter() - began, 3)
                     setattr(services, component.attribute, value)
                     started.append(value)
+            services.warnings = unpriced_tier_warnings(policy)
+            for warning in services.warnings:
+                log.warning("%s", warning)
             log.info("started in %.2f s: %s", sum(services.startup_s.values()),
                      ", ".join(f"{k} {v:.2f} s" for k, v in services.startup_s.items()))
             if services.cache is not None and services.telemetry is not None:

@@ -34,3 +34,5 @@ class Services:
     responses: ResponseStore | None = None  # stored responses of the Responses API
     # seconds each part took to start (pool, then every component), in order: /readyz reports them
     startup_s: dict[str, float] = field(default_factory=dict)
+    # what an operator must fix for the figures to be right (logged at start, shown on the dashboard)
+    warnings: list[str] = field(default_factory=list)

@@ -152,6 +152,7 @@
     renderSeries($("chart-requests"), d.series, "requests", fmtInt);
     renderSeries($("chart-cost"), d.series, "cost_usd", fmtUsd, (v) => "$" + Number(v.toPrecision(3)).toLocaleString("en-US"));
     renderBreakdown(d.breakdown);
+    renderWarnings(d.warnings || []);
     renderBudgets(d.budgets);
     renderQuality(d.quality);
     renderHistogram($("chart-confidence"), [
@@ -280,6 +281,11 @@
     const total = totals.reduce((a, b) => a + b, 0);
     const legend = el("div", { cls: "legend" }, sets.map((s) => el("span", {}, [el("i", { style: "background:" + s.color }), s.name])));
     node.replaceChildren(total ? root : el("p", { cls: "muted", text: "No data in this range." }), legend);
+  }
+  function renderWarnings(warnings) {
+    const node = $("warnings");
+    node.hidden = !warnings.length;
+    node.replaceChildren(...warnings.map((w) => el("p", { text: "⚠ " + w })));
   }
   function renderBreakdown(rows) {
     if (!rows.length) { $("breakdown").replaceChildren(el("p", { cls: "muted", text: "No requests in this range." })); return; }

@@ -141,6 +141,7 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
             body["quality"]["cache_bound"] = cache_bound(found.cache.bounds.stats(), query.tenant)
         if principal.global_admin and found is not None:
             body["edge_engine"] = engine_stats(found.engine)
+        body["warnings"] = list(found.warnings) if found is not None else []
         headers = {"x-request-id": request.get(REQUEST_ID, ""), "x-usage-source": body["source"], "Cache-Control": "no-store"}
         if request.query.get("format") == "csv" or "text/csv" in request.headers.get("Accept", ""):
             name = f"tierlane-dashboard-{body['from_local'][:10]}-{body['to_local'][:10]}.csv"

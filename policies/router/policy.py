@@ -102,6 +102,27 @@ def _tiers(upstream: dict[str, Any]) -> dict[str, LaneTarget] | None:
     return out
 
 
+def lanes_sections(policy: Policy) -> list[dict[str, Any]]:
+    """The `lanes` section as the base and as each override sets it (merged one level deep)."""
+    base = {k: v for k, v in policy.section("lanes").items() if k != "overrides"}
+    out = [base]
+    for rule in policy.section("lanes").get("overrides") or []:
+        merged = dict(base)
+        for key, value in (rule.get("set") or {}).items():
+            merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
+        out.append(merged)
+    return out
+
+
+def tier_targets(policy: Policy) -> list[LaneTarget]:
+    """Every upstream tier target the policy names (base and overrides), each once."""
+    seen: dict[LaneTarget, None] = {}
+    for lanes in lanes_sections(policy):
+        for target in (_tiers(lanes.get("upstream") or {}) or {}).values():
+            seen[target] = None
+    return list(seen)
+
+
 # Resolved rules kept per (tenant, app); past this many, further pairs are resolved per request.
 MAX_KEPT_RULES = 10_000
 
@@ -121,14 +142,11 @@ class RoutePolicy:
     def validate(self) -> None:
         """Check the base sections and every override now, so bad policy fails at start-up."""
         router_sec = {k: v for k, v in self.policy.section("router").items() if k != "overrides"}
-        lanes_sec = {k: v for k, v in self.policy.section("lanes").items() if k != "overrides"}
-        self._build(router_sec, lanes_sec)
+        lanes = lanes_sections(self.policy)
+        self._build(router_sec, lanes[0])
         for rule in self.policy.section("router").get("overrides") or []:
-            self._build({**router_sec, **(rule.get("set") or {})}, lanes_sec)
-        for rule in self.policy.section("lanes").get("overrides") or []:
-            merged = dict(lanes_sec)
-            for key, value in (rule.get("set") or {}).items():
-                merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
+            self._build({**router_sec, **(rule.get("set") or {})}, lanes[0])
+        for merged in lanes[1:]:
             self._build(router_sec, merged)
 
     def rules(self, tenant: str | None, app: str | None) -> RouteRules:

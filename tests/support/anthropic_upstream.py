@@ -20,7 +20,7 @@ def _event(data: dict[str, Any]) -> bytes:
 def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.Application:
     """Answers every /v1/messages with a thinking block and TEXT, as JSON or as Anthropic's events,
     reporting `usage` (USAGE unless given)."""
-    USAGE = usage or globals()["USAGE"]  # noqa: N806
+    reported = usage or USAGE
 
     async def messages(request: web.Request) -> web.StreamResponse:
         rec.hits += 1
@@ -29,12 +29,12 @@ def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.App
         rec.bodies.append(body)
         message = {"id": "msg_native", "type": "message", "role": "assistant", "model": body["model"],
                    "content": [{"type": "thinking", "thinking": "Easy.", "signature": "sig"}, {"type": "text", "text": TEXT}],
-                   "stop_reason": "end_turn", "stop_sequence": None, "usage": USAGE}
+                   "stop_reason": "end_turn", "stop_sequence": None, "usage": reported}
         if not body.get("stream"):
             return web.json_response(message)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        start = {**message, "content": [], "stop_reason": None, "usage": {**USAGE, "output_tokens": 1}}
+        start = {**message, "content": [], "stop_reason": None, "usage": {**reported, "output_tokens": 1}}
         await resp.write(_event({"type": "message_start", "message": start}))
         await resp.write(_event({"type": "content_block_start", "index": 0,
                                  "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
@@ -46,7 +46,7 @@ def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.App
             await resp.write(_event({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": piece}}))
         await resp.write(_event({"type": "content_block_stop", "index": 1}))
         await resp.write(_event({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                 "usage": {"output_tokens": USAGE["output_tokens"]}}))
+                                 "usage": {"output_tokens": reported["output_tokens"]}}))
         await resp.write(_event({"type": "message_stop"}))
         return resp
 
