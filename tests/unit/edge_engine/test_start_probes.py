@@ -103,3 +103,19 @@ def test_speculation_off_times_no_drafts_and_a_failed_fit_is_not_kept(tmp_path: 
     start(tmp_path, now=1.0, speculate=False, probe_cache_ttl_s=0.0, n_threads=3)
     start(tmp_path, now=1.0, speculate=False, probe_cache_ttl_s=0.0, n_threads=3)
     assert timed == ["steps"] * 3
+
+
+def test_kept_costs_survive_a_copy_that_keeps_whole_second_mtimes_and_are_readable_by_other_users(
+    tmp_path: Path, timed: list[str]
+) -> None:
+    """An image times them as root at build; its gateway runs as another user, on files a layer copied."""
+    import os
+
+    start(tmp_path)
+    (kept,) = (tmp_path / "kept").glob("*.json")
+    assert kept.stat().st_mode & 0o777 == 0o644
+    weights = tmp_path / "model.gguf"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns // 1_000_000_000 * 1_000_000_000))
+    start(tmp_path)
+    assert timed == ["steps", "draft"]  # the same key: nothing timed again
