@@ -49,15 +49,26 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def _fingerprint(path: Path, edge: int = 1 << 20) -> tuple[int, str]:
+    """The file's size and a digest of its first and last MiB (a GGUF's header and metadata, its last
+    tensors): another model file differs there, a copy does not (an image layer rounds mtimes)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        digest.update(fh.read(edge))
+        if size > 2 * edge:
+            fh.seek(size - edge)
+            digest.update(fh.read(edge))
+    return size, digest.hexdigest()[:16]
+
+
 def probe_key(model: LlamaModel, ctx: LlamaContext, settings: Any, speculate: bool) -> str:
     """What the probes' results depend on: the model file, llama.cpp's build, the CPU, the context's shape."""
     import llama_cpp
 
-    stat = Path(model.path).stat()
     parts = {
         "version": _VERSION,
-        # whole seconds: an image layer or a copy keeps a file's mtime to the second, not below
-        "model": [str(Path(model.path).resolve()), stat.st_size, int(stat.st_mtime)],
+        "model": [str(Path(model.path).resolve()), *_fingerprint(Path(model.path))],
         "llama_cpp": getattr(llama_cpp, "__version__", "?"),
         "cpu": [_cpu(), os.cpu_count()],
         "n_ctx": ctx.n_ctx,

@@ -78,6 +78,9 @@ def test_a_new_model_file_is_timed_again(tmp_path: Path, timed: list[str]) -> No
     (tmp_path / "model.gguf").write_bytes(b"other weights")
     start(tmp_path)
     assert timed == ["steps", "draft"] * 2
+    (tmp_path / "model.gguf").write_bytes(b"other weightz")  # the same size, other content
+    start(tmp_path)
+    assert timed == ["steps", "draft"] * 3
 
 
 def test_a_damaged_file_is_timed_again_and_replaced(tmp_path: Path, timed: list[str]) -> None:
@@ -105,7 +108,7 @@ def test_speculation_off_times_no_drafts_and_a_failed_fit_is_not_kept(tmp_path: 
     assert timed == ["steps"] * 3
 
 
-def test_kept_costs_survive_a_copy_that_keeps_whole_second_mtimes_and_are_readable_by_other_users(
+def test_kept_costs_survive_a_copy_that_moves_the_mtime_and_are_readable_by_other_users(
     tmp_path: Path, timed: list[str]
 ) -> None:
     """An image times them as root at build; its gateway runs as another user, on files a layer copied."""
@@ -116,6 +119,6 @@ def test_kept_costs_survive_a_copy_that_keeps_whole_second_mtimes_and_are_readab
     assert kept.stat().st_mode & 0o777 == 0o644
     weights = tmp_path / "model.gguf"
     stat = weights.stat()
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns // 1_000_000_000 * 1_000_000_000))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns // 1_000_000_000 * 1_000_000_000 + 1_000_000_000))
     start(tmp_path)
     assert timed == ["steps", "draft"]  # the same key: nothing timed again
