@@ -10,7 +10,9 @@ With `cache.max_error_rate` set for the request's tenant/app, a served *semantic
 an exact repeat) is sampled at `cache.error_sample_rate` instead (whatever `shadow.sample_rate`
 and `shadow.lanes` say; `shadow.enabled: false` turns it off too), and its judgement goes to the
 cache's error bound (policies/cache/error_bound.py): the served answer was right when it agrees
-with the upstream's (answer similarity >= AGREE, the same check the table's share counts). The
+with the upstream's: equal final results where both have one (a number, a choice letter, a JSON
+document: policies/agreement.py; "42" and "43" are 0.84 similar), else answer similarity >= AGREE
+(the check the table's share counts). The
 request's own checks (rule vetoes, verifier) compare requests, not answers, so they have no say
 here. Each such re-ask is an upstream call, metered by the upstream as any other.
 
@@ -37,6 +39,7 @@ import numpy as np
 from gateway.context import Outcome, RequestContext
 from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
+from policies.agreement import judge
 from policies.cache.error_bound import BoundParams
 
 if TYPE_CHECKING:
@@ -187,6 +190,13 @@ def summarize(path: Path, since: float = 0.0) -> list[dict[str, Any]]:
             "upstream_output_tokens": sum(v[2] for v in values),
         })
     return out
+
+
+def disagree(ours: str, theirs: str, similarity: float) -> bool:
+    """Whether two answers disagree: by their final results where both have one (numbers, choice
+    letters, JSON: policies/agreement.py), else by answer similarity below AGREE."""
+    verdict = judge(ours, theirs)
+    return similarity < AGREE if verdict is None else verdict == "disagree"
 
 
 def answer_text(response: dict[str, Any] | None) -> str:
@@ -351,7 +361,7 @@ class ShadowHook:
             self.recorded += 1
             if bound is not None and self.services.cache is not None:
                 scope, params, entry_id, score = bound
-                await self.services.cache.observe(scope, params, entry_id, score, wrong=similarity < AGREE)
+                await self.services.cache.observe(scope, params, entry_id, score, wrong=disagree(text, upstream_text, similarity))
                 self.judged += 1
         except asyncio.CancelledError:
             raise
@@ -379,7 +389,7 @@ class ShadowHook:
                     return
                 ours, theirs = await asyncio.gather(embedder.embed(stored), embedder.embed(upstream_text))
             similarity = float(np.clip(np.dot(np.asarray(ours), np.asarray(theirs)), -1.0, 1.0))
-            await cache.observe(scope, params, entry_id, score, wrong=similarity < AGREE)
+            await cache.observe(scope, params, entry_id, score, wrong=disagree(stored, upstream_text, similarity))
             self.judged_refused += 1
         except asyncio.CancelledError:
             raise
