@@ -445,6 +445,15 @@ def _tiers(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _agreement_judge(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    for name, f in d.get("families", {}).items():
+        out.append(rate(f"{name}: the judge's accuracy where it decides", int(f["right"]), int(f["decided"]), ">=", 0.98,
+                        n_of="decided pairs", note=f"answer similarity alone: {f.get('similarity_accuracy')}"))
+        out.append(rate(f"{name}: pairs the judge decides", int(f["decided"]), int(f["pairs"]), ">=", 0.95, n_of="pairs"))
+    return out
+
+
 def _prefix_affinity(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     requests = d.get("workload", {}).get("requests")
@@ -582,6 +591,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "agents": _agents,
     "hostile_inputs": _hostile_inputs,
     "image": _image,
+    "agreement_judge": _agreement_judge,
     "cache_error_bound": _cache_error_bound,
     "cache_latency": _cache_latency,
     "cache_quality": _cache_quality,

@@ -227,6 +227,32 @@ def render_agents(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_prefix_affinity(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("runs", {}).items():
+        rows.append([name.replace("@", " @ "), r["ttft_p50_ms"], r["ttft_p90_ms"], r.get("later_turns_ttft_p90_ms"), r["requests_per_s"],
+                     r["server_cached_prompt_share"], " / ".join(str(c) for c in r["requests_per_member"]), r["errors"],
+                     r["reconciliation"]["relative_error"]])
+    lines = _table(["balance @ sessions in flight", "TTFT p50 ms", "TTFT p90 ms", "later turns' TTFT p90 ms", "req/s", "servers' cached-prompt share",
+                    "requests per member", "errors", "billed vs server counters"], rows)
+    w, shared, two = data.get("workload", {}), data.get("no_shared_prefix", {}), data.get("two_replicas", {})
+    writes = data.get("reconciliation", {}).get("cache_writes", {})
+    lines += ["", f"Workload: {w.get('sessions')} sessions ({w.get('turns_per_session')} turns), {w.get('requests')} "
+              f"streamed requests per run, first-turn prompts {w.get('first_turn_prompt_tokens')}; fleet: "
+              f"{data.get('fleet', {}).get('servers')} × {data.get('fleet', {}).get('server')}, `{' '.join(data.get('fleet', {}).get('args', []))}`.",
+              f"- No shared prefix ({shared.get('requests_per_run')} unique prompts, {shared.get('runs_per_policy')} runs each): "
+              f"TTFT p50 {shared.get('ttft_p50_ms', {}).get('prefix_affinity')} ms with prefix affinity vs "
+              f"{shared.get('ttft_p50_ms', {}).get('least_outstanding')} ms least-outstanding (ratio {shared.get('p50_ratio')}).",
+              f"- Two gateway replicas ({two.get('how')}): cached-prompt share {two.get('cached_share_two')} vs "
+              f"{two.get('cached_share_one')} with one (ratio {two.get('ratio')}).",
+              f"- Cache writes billed ({writes.get('requests')} Messages requests, Anthropic-shaped usage replayed): "
+              f"{writes.get('billed_usd')} USD billed vs {writes.get('from_reported_usage_usd')} USD from the reported "
+              f"usage (relative error {writes.get('relative_error')}); writes {writes.get('ledger_cache_write_tokens')} / "
+              f"{writes.get('reported_cache_write_tokens')} tokens, reads {writes.get('ledger_cache_read_tokens')} / "
+              f"{writes.get('reported_cache_read_tokens')}."]
+    return lines
+
+
 def render_shared_state(data: dict[str, Any]) -> list[str]:
     results = data.get("results", {})
     rows = []
@@ -758,6 +784,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_error_bound": render_cache_error_bound,
     "cache_latency": render_cache_latency,
     "peers": render_peers,
+    "prefix_affinity": render_prefix_affinity,
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
     "agents": render_agents,
