@@ -31,7 +31,7 @@ _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
 # a lowercase letter only in parentheses: "the answer is a matter of taste" states no choice
 _STATED = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*\**\s*(\([A-Ea-e]\)|(?-i:[A-E])(?![\w'])|" + _NUMBER
-                     + r"|\\frac\{\d+\}\{\d+\})",
+                     + r"|\\[dt]?frac\{-?\d+\}\{\d+\})",
                      re.IGNORECASE)
 _ONLY_NUMBER = re.compile(r"^\s*\$?(" + _NUMBER + r")\s*\.?\s*$")
 _ONLY_CHOICE = re.compile(r"^\s*\(?([A-E])\)?[.)]?\s*$")
