@@ -28,12 +28,14 @@ Verdict = Literal["agree", "disagree"]
 MAX_CHARS = 20_000  # longer answers are judged on their last MAX_CHARS characters (the final result is at the end)
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?%?"
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-_HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
-# a lowercase letter only in parentheses: "the answer is a matter of taste" states no choice
-_STATED = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*\**\s*(\([A-Ea-e]\)|(?-i:[A-E])(?![\w'])|" + _NUMBER
+_HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
+# a lowercase letter only in parentheses: "the answer is a matter of taste" states no choice.
+# NOTE: no two adjacent unbounded repeats can match the same characters (each is one class):
+# "answer is" and 3,000 spaces took 455 s to fail with `\s*:?\s*\**\s*` here.
+_STATED = re.compile(r"(?:final answer|the answer|answer)[ \t]*(?:is|:|=)[\s:*]*(\([A-Ea-e]\)|(?-i:[A-E])(?![\w'])|" + _NUMBER
                      + r"|\\[dt]?frac\{-?\d+\}\{\d+\})",
                      re.IGNORECASE)
-_ONLY_NUMBER = re.compile(r"^\s*\$?(" + _NUMBER + r")\s*\.?\s*$")
+_ONLY_NUMBER = re.compile(r"^\s*\$?(" + _NUMBER + r")[\s.]*$")
 _ONLY_CHOICE = re.compile(r"^\s*\(?([A-E])\)?[.)]?\s*$")
 _FRAC = re.compile(r"^\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$")
 _JSON_BLOCK = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)

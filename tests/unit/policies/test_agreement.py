@@ -57,3 +57,12 @@ def test_the_shadow_hook_judges_checkable_answers_by_their_results_before_simila
     assert not disagree("#### 42", "So she has 42 apples left. The answer is 42.", similarity=0.4)  # unlike, but right
     assert disagree("Paris is the capital.", "Lyon, I think.", similarity=AGREE - 0.01)  # free text: similarity
     assert not disagree("Paris is the capital.", "It is Paris.", similarity=AGREE + 0.05)
+
+
+@pytest.mark.parametrize("text", [
+    "answer is" + " " * 19_990 + "x",  # 455 s to fail with adjacent \s* repeats before
+    "answer" + " \t" * 9_990 + "x", "\n" * 20_000, "#### " + " " * 19_990 + "x", "1" * 20_000 + "x",
+])
+def test_whitespace_runs_are_read_in_one_pass(text):
+    """Judgements run on the event loop (the shadow hook): no pattern may backtrack over a long run."""
+    assert final_answer(text) is None
