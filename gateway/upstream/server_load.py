@@ -86,24 +86,35 @@ def current(load: ServerLoad | None, interval_s: float, now: float | None = None
 
 
 async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float) -> ServerLoad | None:
-    """One GET of `url`; None for anything but a readable exposition with a known metric."""
+    """One GET of `url`; None for anything but a readable exposition with a known metric, or one over
+    MAX_METRICS_BYTES. Parsed on a worker thread: a vLLM exposition with its histograms runs to
+    hundreds of kilobytes, every interval."""
+    chunks: list[bytes] = []
+    size = 0
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return None
-            raw = await resp.content.read(MAX_METRICS_BYTES + 1)
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > MAX_METRICS_BYTES:
+                    return None
+                chunks.append(chunk)
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
         return None
-    if len(raw) > MAX_METRICS_BYTES:
-        return None
-    return parse(raw.decode("utf-8", "replace"), time.monotonic())
+    at = time.monotonic()
+    return await asyncio.to_thread(parse, b"".join(chunks).decode("utf-8", "replace"), at)
 
 
 async def keep_scraping(session: aiohttp.ClientSession, url: str, interval_s: float, store: ScrapeTarget) -> None:
     """Scrape `url` every `interval_s` into `store.server_load` until cancelled."""
     failing = False
     while True:
-        load = await scrape(session, url, timeout_s=min(interval_s, 2.0))
+        try:
+            load = await scrape(session, url, timeout_s=min(interval_s, 2.0))
+        except Exception:  # a scrape never ends the scraping, nor surfaces anywhere
+            log.exception("%s: reading %s failed", store.name, url)
+            load = None
         if load is None and not failing:
             log.info("%s: no load read from %s; balancing on the gateway's own counts", store.name, url)
         failing = load is None

@@ -27,6 +27,9 @@ llamacpp:requests_deferred 1
 """
 
 
+HISTOGRAMS = "".join(f'vllm:e2e_request_latency_seconds_bucket{{le="{i}",model_name="qwen"}} {i * 7}\n' for i in range(6000))
+
+
 def test_the_known_servers_expositions_are_read_and_anything_else_is_none():
     vllm = parse(VLLM, at=1.0)
     assert vllm == ServerLoad(running=5, waiting=4, kv_usage=0.42, at=1.0)  # summed over engines
@@ -47,7 +50,8 @@ def _short(i: int) -> dict[str, object]:
 
 def test_a_member_whose_server_reports_a_queue_is_passed_over_and_failing_metrics_change_nothing(bg, make_gateway):
     recs = [Recorder(), Recorder()]
-    recs[0].metrics = "vllm:num_requests_running 6\nvllm:num_requests_waiting 4\n"  # busy with other clients' work
+    # busy with other clients' work, its gauges after 400 KB of histograms (read whole, not its first chunk)
+    recs[0].metrics = HISTOGRAMS + "vllm:num_requests_running 6\nvllm:num_requests_waiting 4\n"
     recs[1].metrics = None  # 404: the gateway's own counts alone
     apps = [RunningApp(bg, fault_app("ok", rec, text="ok")) for rec in recs]
     gw = make_gateway(upstreams=[upstream_cfg(f"gpu{i}", app.url + "/v1", models=["m"], metrics_url=app.url + "/metrics",
