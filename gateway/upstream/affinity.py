@@ -16,8 +16,8 @@ takes requests and is within the same load bound.
 Replicas of the gateway agree without talking: each keeps its own index, but the hashes are
 stable (blake2b, not Python's per-process hash) and a session the replica has not seen yet goes
 to the member its rendezvous hash names (vLLM production-stack's session mode) while that member
-is within the load bound, so a session's turns spread over two replicas meet on one member; a prompt with no session and no match goes to
-the least loaded member, ties broken by the rendezvous hash of its first block. A shared index
+is within the load bound, so a session's turns spread over two replicas meet on one member; a
+prompt with no session and no match goes to the least loaded member, ties broken by the rendezvous hash of its first block. A shared index
 (Valkey) would add a round trip to every request for what the hash gives for free; what it would
 add (a prefix sent by the other replica, without a session) is measured in bench/prefix_affinity.py.
 A member's load is the gateway's own outstanding requests, or the server's running plus waiting
@@ -180,7 +180,8 @@ class Balancer:
                 if self._matched(best[0], key.blocks) > 0:
                     self.hits += 1
                     return best[0] if len(best) == 1 else rendezvous(str(key.blocks[0]), best)
-        fewest = [m for m in allowed if m.load == min(m.load for m in allowed)]
+        lightest = min(m.load for m in allowed)
+        fewest = [m for m in allowed if m.load == lightest]
         # a new prefix evicts others where the KV cache is full: members with room first (scraped KV use)
         fewest = [m for m in fewest if m.kv_usage < KV_FULL] or fewest
         if len(fewest) > 1 and key is not None and key.blocks:
