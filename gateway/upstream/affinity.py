@@ -18,8 +18,11 @@ stable (blake2b, not Python's per-process hash) and a session the replica has no
 to the member its rendezvous hash names (vLLM production-stack's session mode) while that member
 is within the load bound, so a session's turns spread over two replicas meet on one member; a
 prompt with no session and no match goes to the least loaded member, ties broken by the rendezvous hash of its first block. A shared index
-(Valkey) would add a round trip to every request for what the hash gives for free; what it would
-add (a prefix sent by the other replica, without a session) is measured in bench/prefix_affinity.py.
+(Valkey) would add a round trip to every request for what the hash gives for free. Measured in
+bench/prefix_affinity.py: two replicas reach 0.82x one replica's cached share; what they lose is a
+session one replica moved off a member over the load bound and pinned elsewhere while the other
+keeps sending it to its hash member (walking the rendezvous ranking instead of pinning would keep
+them together; not done).
 A member's load is the gateway's own outstanding requests, or the server's running plus waiting
 requests where its metrics are scraped and higher (`server_load.py`: other clients and other
 gateway replicas count too).
