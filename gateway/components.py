@@ -118,6 +118,18 @@ async def _responses(settings: Settings, policy: Policy) -> Any:
     return await open_store(settings)
 
 
+def _route_quality_on(settings: Settings, policy: Policy) -> bool:
+    from gateway.route_quality import quality_on
+
+    return quality_on(policy)
+
+
+async def _route_quality(settings: Settings, policy: Policy) -> Any:
+    from gateway.route_quality import open_route_quality
+
+    return await open_route_quality(settings, policy)
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
@@ -126,4 +138,6 @@ COMPONENTS: list[Component] = [
     Component("cache", _cache_on, _cache),
     Component("cascade", lambda s, p: s.edge.enabled, _cascade),
     Component("responses", lambda s, p: True, _responses),
+    # lanes.upstream.tiers.max_quality_loss: regions and the learnt thresholds (gateway/route_quality.py)
+    Component("route_quality", _route_quality_on, _route_quality),
 ]

@@ -87,6 +87,8 @@ class RequestContext:
     edge_prior: float | None = None  # the calibration's prior that the edge answers this right
     fallback: tuple[str | None, str | None] | None = None  # (pool, model) an escalated edge answer goes to
     fallback_tier: str | None = None  # the upstream tier of `fallback`, when the policy has tiers
+    # lanes.upstream.tiers.max_quality_loss: the region the tier was picked in (gateway.route_quality.QualityProbe)
+    quality_probe: Any = None
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
     from gateway.apis.response_store import ResponseStore
     from gateway.cascade import Cascade
+    from gateway.route_quality import RouteQuality
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
     from policies.cache.backend import CacheBackend
@@ -32,6 +33,7 @@ class Services:
     telemetry: Telemetry | None = None  # tracer, meters, ledger, budgets
     cascade: Cascade | None = None  # the edge lane's calibrated decision and confidence check
     responses: ResponseStore | None = None  # stored responses of the Responses API
+    route_quality: RouteQuality | None = None  # lanes.upstream.tiers.max_quality_loss: regions and learnt thresholds
     # seconds each part took to start (pool, then every component), in order: /readyz reports them
     startup_s: dict[str, float] = field(default_factory=dict)
     # what an operator must fix for the figures to be right (logged at start, shown on the dashboard)

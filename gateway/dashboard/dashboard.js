@@ -336,6 +336,16 @@
       bound.map((b) => [{ cls: "t", text: b.kind }, { cls: "t", text: b.tenant + " / " + b.app }, fmtNum(b.threshold, 3),
         fmtPct(b.served_error), { text: fmtPct(b.upper_bound) + " / " + fmtPct(b.max_error_rate), title: "upper confidence bound / cache.max_error_rate" },
         fmtInt(b.judged), fmtPct(b.hit_rate)])));
+    const regions = q.route_bound || [];
+    if (regions.length) parts.push(table(["routing quality bound: region", "!tenant / app", "strong share", "threshold (router's)",
+      "disagreement", "upper bound / max loss", "judged", "saved", "judging spend"],
+      regions.map((r) => [{ cls: "t", text: r.label, title: "region " + r.region }, { cls: "t", text: r.tenant + " / " + r.app },
+        { text: fmtPct(r.strong_share), title: fmtInt(r.requests) + " tiered requests on this replica" },
+        fmtNum(r.threshold, 3) + " (" + fmtNum(r.router_threshold, 3) + ")",
+        { text: fmtPct(r.disagreement), title: "cost-tier answers that differed from the strong tier's, as a share of the judged" },
+        { text: fmtPct(r.upper_bound) + " / " + fmtPct(r.max_quality_loss), title: "one-sided upper bound / lanes.upstream.tiers.max_quality_loss" },
+        { text: fmtInt(r.judged) + (r.judge_failed ? " (" + fmtInt(r.judge_failed) + " failed)" : ""), title: fmtInt(r.disagreed) + " disagreed" },
+        fmtUsd(r.saved_usd), fmtUsd(r.judge_usd)])));
     if (q.routes.length) parts.push(table(["routing reason", "requests"], q.routes.map((r) => [{ cls: "t", text: r.reason }, fmtInt(r.count)])));
     const tiers = q.tiers || [];
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [

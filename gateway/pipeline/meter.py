@@ -9,6 +9,7 @@ from gateway.context import Outcome, RequestContext
 
 if TYPE_CHECKING:
     from gateway.cascade import Cascade
+    from gateway.route_quality import RouteQuality
     from gateway.services import Services
     from telemetry import Telemetry
 
@@ -20,9 +21,10 @@ class MeterHook:
 
     name = "meter"
 
-    def __init__(self, telemetry: Telemetry, cascade: Cascade | None = None) -> None:
+    def __init__(self, telemetry: Telemetry, cascade: Cascade | None = None, quality: RouteQuality | None = None) -> None:
         self._telemetry = telemetry
         self._cascade = cascade  # learns from each edge attempt's verdict and saving
+        self._quality = quality  # counts each tiered request and its saving in its region (the dashboard)
 
     async def on_complete(self, ctx: RequestContext, outcome: Outcome) -> None:
         try:
@@ -35,6 +37,9 @@ class MeterHook:
                 self._cascade.observe(ctx, bill.saved_edge)
             except Exception:
                 log.exception("the cascade could not learn from request %s", ctx.request_id)
+        probe = ctx.quality_probe
+        if self._quality is not None and probe is not None and bill is not None and ctx.lane == "upstream" and ctx.tier:
+            self._quality.bounds.count(probe.scope, probe.region, probe.params, ctx.tier, bill.saved_vs_strong)
 
     async def close(self) -> None:
         return None  # the telemetry component closes itself, after the pipeline
@@ -44,4 +49,4 @@ def build(services: Services) -> MeterHook | None:
     telemetry = services.telemetry
     if telemetry is None or not telemetry.config.metering:
         return None
-    return MeterHook(telemetry, services.cascade)
+    return MeterHook(telemetry, services.cascade, services.route_quality)

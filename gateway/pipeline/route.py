@@ -22,12 +22,15 @@ from gateway.context import Answer, RequestContext, RouteDecision, request_promp
 from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.lanes import AUTO, FORCEABLE, ROUTE_HEADER
 from gateway.pipeline.base import TEXT_OPERATIONS
+from gateway.pipeline.cache_lookup import bound_scope
 from gateway.pipeline.embed import ensure_embedding
+from gateway.route_quality import QualityProbe
 from policies.router.features import Prompt, last_user_text
 from policies.router.model import Router
-from policies.router.policy import LaneTarget, RoutePolicy, RouteRules
+from policies.router.policy import TIERS, LaneTarget, RoutePolicy, RouteRules
 
 if TYPE_CHECKING:
+    from gateway.route_quality import RouteQuality
     from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ class RouteStage:
         capabilities: EdgeCapabilities | None = None,
         cascade: Cascade | None = None,
         fallback_precision: str = "fp32",
+        quality: RouteQuality | None = None,
     ) -> None:
         self.router = router
         self.policy = policy
@@ -75,6 +79,7 @@ class RouteStage:
         self._fallback_encoder: Any = None
         # the configured embedder.precision: the cache may store the fallback's vector
         self.fallback_precision = fallback_precision
+        self.quality = quality  # lanes.upstream.tiers.max_quality_loss: a threshold per region
 
     def available(self, lane: str) -> bool:
         if lane != "edge":
@@ -253,7 +258,7 @@ class RouteStage:
         tiered = rules.tiers is not None and decision.score is not None
         if decision.lane == "upstream" and tiered:
             assert decision.score is not None
-            target = rules.tier_for(decision.score)
+            target = self._tier(ctx, rules, decision.score)
             if decision.reason in TIER_REASONS:
                 ctx.attributes["tierlane.route.lane_reason"] = decision.reason
                 decision = RouteDecision("upstream", decision.score, f"router_{target.tier}", decision.threshold)
@@ -267,7 +272,7 @@ class RouteStage:
             if (ctx.auto and decision.reason != "forced" and self.cascade is not None
                     and self.available("upstream") and rules.allows("upstream")):
                 # where the cascade sends an edge answer that fails its check: the tier the router picks
-                fallback = rules.tier_for(decision.score) if tiered and decision.score is not None else rules.upstream
+                fallback = self._tier(ctx, rules, decision.score) if tiered and decision.score is not None else rules.upstream
                 ctx.fallback = self._upstream_target(ctx, fallback)
                 ctx.fallback_tier = fallback.tier
                 if fallback.tier is not None:
@@ -278,6 +283,23 @@ class RouteStage:
             ctx.pool, ctx.target_model = self._upstream_target(ctx, target)
             ctx.tier = target.tier
         self._annotate(ctx, decision, target)
+
+    def _tier(self, ctx: RequestContext, rules: RouteRules, score: float) -> LaneTarget:
+        """The tier for `score`: at the rules' threshold, or under a quality bound at its region's
+        (and the request carries a probe the shadow stage may judge it by)."""
+        quality, bound = self.quality, rules.quality
+        if quality is None or bound is None or rules.tiers is None or ctx.embedding is None or not ctx.auto:
+            return rules.tier_for(score)
+        region = quality.region_of(ctx.embedding)
+        if region is None:
+            return rules.tier_for(score)
+        scope = bound_scope(ctx.principal.tenant, ctx.principal.app)
+        threshold = quality.bounds.threshold(scope, region, bound)
+        ctx.quality_probe = QualityProbe(scope, region, bound, float(score), threshold,
+                                         {tier: self._upstream_target(ctx, rules.tiers[tier]) for tier in TIERS})
+        ctx.attributes["tierlane.route.region"] = region
+        ctx.attributes["tierlane.route.region_threshold"] = round(threshold, 6)
+        return rules.tier_for(score, threshold)
 
     def _upstream_target(self, ctx: RequestContext, target: LaneTarget) -> tuple[str | None, str | None]:
         pool: str | None
@@ -335,4 +357,5 @@ def build(services: Services) -> RouteStage | None:
         capabilities=EdgeCapabilities(services.engine) if services.engine is not None else None,
         cascade=services.cascade,
         fallback_precision=getattr(getattr(getattr(services, "settings", None), "embedder", None), "precision", "fp32"),
+        quality=getattr(services, "route_quality", None),
     )

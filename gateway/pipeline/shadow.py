@@ -29,6 +29,7 @@ import logging
 import random
 import sqlite3
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,11 @@ import numpy as np
 from gateway.context import Outcome, RequestContext
 from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
+from gateway.route_quality import QualityProbe
 from policies.agreement import judge
 from policies.cache.error_bound import BoundParams
+from policies.domain import Usage
+from policies.pricing import Pricing
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -82,6 +86,7 @@ class ShadowConfig:
     max_pending: int = 32
     seed: int | None = None
     max_tokens: int = 1024  # the most completion tokens one shadow call asks for (the client's ask may be 60,000)
+    max_per_minute: int = 120  # re-asks of the other tier (routing quality bound) in any minute, at most
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ShadowConfig:
@@ -101,6 +106,7 @@ class ShadowConfig:
             max_pending=max(concurrency, int(section.get("max_pending", 32))),
             seed=section.get("seed"),
             max_tokens=max(1, int(section.get("max_tokens", 1024))),
+            max_per_minute=max(0, int(section.get("max_per_minute", 120))),
         )
 
 
@@ -192,6 +198,16 @@ def summarize(path: Path, since: float = 0.0) -> list[dict[str, Any]]:
     return out
 
 
+def shadow_body(ctx: RequestContext, config: ShadowConfig, model: str | None) -> dict[str, Any]:
+    """The request as a shadow call sends it: not streamed, to `model`, at most `config.max_tokens` out."""
+    body = {k: v for k, v in ctx.body.items() if k not in ("stream", "stream_options", "max_tokens", "max_completion_tokens")}
+    body["model"] = model
+    asked = ctx.request.output_limit if ctx.request is not None else ctx.body.get("max_tokens")
+    asked = asked if isinstance(asked, int) and asked > 0 else None
+    body["max_tokens"] = min(asked or config.max_tokens, config.max_tokens)  # bounded spend per call
+    return body
+
+
 def disagree(ours: str, theirs: str, similarity: float) -> bool:
     """Whether two answers disagree: by their final results where both have one (numbers, choice
     letters, JSON: policies/agreement.py), else by answer similarity below AGREE."""
@@ -237,6 +253,10 @@ class ShadowHook:
         self.recorded = 0
         self.judged = 0  # semantic cache hits judged for the cache's error bound
         self.judged_refused = 0  # candidates the bound refused, judged against the upstream's answer
+        self.tier_judged = 0  # tiered answers judged against the other tier's (lanes.upstream.tiers.max_quality_loss)
+        self.tier_skipped = 0  # tier re-asks skipped: over shadow.max_per_minute
+        self._tier_asks: deque[float] = deque()  # monotonic times of the last minute's tier re-asks
+        self._pricing: Pricing | None = None
 
     def _bound(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float] | None:
         """(scope, bound, entry id, score) when this answer is a semantic cache hit under `cache.max_error_rate`."""
@@ -281,6 +301,9 @@ class ShadowHook:
         if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
             return
         config = self._config_for(ctx)
+        probe = ctx.quality_probe
+        if probe is not None and config.enabled and ctx.lane == "upstream" and ctx.tier in probe.targets:
+            self._judge_tier_soon(ctx, config, probe, answer_text(outcome.response))
         candidate = self._candidate(ctx)
         if candidate is not None and config.enabled and self.services.embedder is not None:
             self._judge_soon(ctx, candidate, answer_text(outcome.response))
@@ -331,12 +354,7 @@ class ShadowHook:
         try:
             async with self._gate:
                 pool_name, model = self._target(ctx, config)
-                body = {k: v for k, v in ctx.body.items()
-                        if k not in ("stream", "stream_options", "max_tokens", "max_completion_tokens")}
-                body["model"] = model
-                asked = ctx.request.output_limit if ctx.request is not None else ctx.body.get("max_tokens")
-                asked = asked if isinstance(asked, int) and asked > 0 else None
-                body["max_tokens"] = min(asked or config.max_tokens, config.max_tokens)  # bounded spend per call
+                body = shadow_body(ctx, config, model)
                 reply = await self.services.pool.send(
                     pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
                     client_authorization=ctx.headers.get("Authorization"),
@@ -397,6 +415,73 @@ class ShadowHook:
             self.failed += 1
             log.warning("judging the refused cache candidate of request %s failed: %s", ctx.request_id, exc)
 
+    def _judge_tier_soon(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str) -> None:
+        """Sample a tiered answer for the routing quality bound: the other tier is asked the same request."""
+        if not text or self.services.route_quality is None or self._rng.random() >= probe.params.sample_rate:
+            return
+        now = time.monotonic()
+        while self._tier_asks and now - self._tier_asks[0] > 60.0:
+            self._tier_asks.popleft()
+        if len(self._tier_asks) >= config.max_per_minute:
+            self.tier_skipped += 1
+            return
+        if len(self._tasks) >= config.max_pending:
+            self.dropped += 1
+            return
+        self._tier_asks.append(now)
+        task = asyncio.get_running_loop().create_task(self._judge_tier(ctx, config, probe, text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _judge_tier(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str) -> None:
+        quality = self.services.route_quality
+        assert quality is not None and ctx.tier is not None
+        other = "strong" if ctx.tier == "cost" else "cost"
+        pool_name, model = probe.targets[other]
+        spent = 0.0
+        try:
+            async with self._gate:
+                if pool_name is None or model is None:
+                    raise RuntimeError(f"the {other} tier has no upstream pool or model")
+                reply = await self.services.pool.send(
+                    pool_name, PATHS[ctx.operation], shadow_body(ctx, config, model), headers={}, model=model, stream=False,
+                    client_authorization=ctx.headers.get("Authorization"),
+                )  # fmt: skip
+                usage = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
+                tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                if self._pricing is None:
+                    self._pricing = Pricing.from_policy(self.services.policy)
+                spent = self._pricing.upstream(model, pool_name).cost(Usage(input_tokens=tokens_in, output_tokens=tokens_out))
+                if reply.status != 200:
+                    raise RuntimeError(f"the {other} tier answered {reply.status}")
+                theirs = answer_text(reply.body)
+                if not theirs:
+                    raise RuntimeError(f"the {other} tier's answer has no text")
+                verdict = judge(text, theirs)
+                similarity = 1.0 if verdict == "agree" else 0.0
+                if verdict is None or self.services.embedder is not None:
+                    embedder = self.services.embedder
+                    if embedder is None:
+                        raise RuntimeError("free-text answers need the embedder to be judged")
+                    a, b = await asyncio.gather(embedder.embed(text), embedder.embed(theirs))
+                    similarity = float(np.clip(np.dot(np.asarray(a), np.asarray(b)), -1.0, 1.0))
+            wrong = similarity < AGREE if verdict is None else verdict == "disagree"
+            await quality.record(probe, disagree=wrong)
+            quality.bounds.judge_spend(probe.scope, probe.region, probe.params, spent)
+            self.tier_judged += 1
+            await self.store.add(ShadowRow(
+                ts=time.time(), request_id=ctx.request_id, tenant=ctx.principal.tenant, app=ctx.principal.app,
+                lane=f"tier_{ctx.tier}", model=model or "", similarity=similarity,
+                upstream_input_tokens=tokens_in, upstream_output_tokens=tokens_out,
+            ))  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a judgement must never surface to anyone; it is counted, never "agree"
+            self.failed += 1
+            quality.bounds.judge_spend(probe.scope, probe.region, probe.params, spent, failed=True)
+            log.warning("judging the %s tier's answer of request %s against the %s tier failed: %s",
+                        ctx.tier, ctx.request_id, other, exc)  # fmt: skip
+
     async def drain(self) -> None:
         """Wait for the shadow calls in flight, however long they take (tests; shutdown uses `close`)."""
         while self._tasks:
@@ -431,7 +516,8 @@ def build(services: Services) -> ShadowHook | None:
         cache.get("max_error_rate") is not None
         or any((rule.get("set") or {}).get("max_error_rate") is not None for rule in cache.get("overrides") or ())
     )
-    if not config.enabled or (config.sample_rate <= 0.0 and not any_override and not bound):
+    routes = services.route_quality is not None  # lanes.upstream.tiers.max_quality_loss
+    if not config.enabled or (config.sample_rate <= 0.0 and not any_override and not bound and not routes):
         return None
     if not services.pool.has_upstreams():
         log.warning("shadow sampling is on but no upstream is configured: shadow comparisons are off")

@@ -41,6 +41,7 @@ from telemetry.dashboard import DashboardQuery, report, to_csv
 
 if TYPE_CHECKING:
     from edge_engine.engine import EdgeEngine
+    from gateway.route_quality import RouteQuality
     from gateway.services import Services
 
 ASSETS = Path(__file__).resolve().parents[1] / "dashboard"
@@ -102,6 +103,24 @@ def cache_bound(stats: list[ScopeStats], tenant: str | None) -> list[dict[str, A
     return out
 
 
+def route_bound(quality: RouteQuality, tenant: str | None) -> list[dict[str, Any]]:
+    """The routing quality bound per tenant/app and region (lanes.upstream.tiers.max_quality_loss)."""
+    out = []
+    for st in sorted(quality.stats(), key=lambda s: (s.scope, s.region)):
+        scope_tenant, _, app = st.scope.partition("/")
+        if tenant is not None and scope_tenant != tenant:
+            continue
+        share = st.strong_share
+        out.append({"tenant": scope_tenant, "app": app, "region": st.region, "label": quality.regions.label(st.region),
+                    "threshold": round(st.threshold, 4), "router_threshold": round(st.start, 4),
+                    "max_quality_loss": st.max_quality_loss, "disagreement": None if st.loss is None else round(st.loss, 4),
+                    "upper_bound": round(st.upper, 4), "judged": st.observed, "disagreed": st.disagreed,
+                    "judge_failed": st.judge_failed, "tightened": st.tightened, "loosened": st.loosened,
+                    "requests": st.requests_cost + st.requests_strong, "strong_share": None if share is None else round(share, 4),
+                    "saved_usd": round(st.saved_usd, 6), "judge_usd": round(st.judge_usd, 6)})  # fmt: skip
+    return out
+
+
 def engine_stats(engine: EdgeEngine | None) -> dict[str, Any] | None:
     if engine is None:
         return None
@@ -139,6 +158,8 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
         found = services or request.app.get(SERVICES)
         if found is not None and found.cache is not None:
             body["quality"]["cache_bound"] = cache_bound(found.cache.bounds.stats(), query.tenant)
+        if found is not None and found.route_quality is not None:
+            body["quality"]["route_bound"] = route_bound(found.route_quality, query.tenant)
         if principal.global_admin and found is not None:
             body["edge_engine"] = engine_stats(found.engine)
         body["warnings"] = list(found.warnings) if found is not None else []

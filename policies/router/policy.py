@@ -8,6 +8,7 @@ from typing import Any
 
 from policies.domain import RouteDecision
 from policies.policy import Policy
+from policies.route_bound import QualityBound
 from policies.router.calibration import TARGET_MODES
 from policies.router.model import Router
 
@@ -15,6 +16,9 @@ LANES = ("edge", "upstream")
 # Upstream tiers for `auto`: the router sends what it scores as needing the strong model to
 # `strong`, the rest to `cost`. Fixed names: they are metric labels and a ledger column.
 TIERS = ("cost", "strong")
+# `lanes.upstream.tiers` keys of the routing quality bound (policies/route_bound.py) beside the tiers
+QUALITY_KEYS = {"max_quality_loss": "max_quality_loss", "quality_sample_rate": "sample_rate",
+                "quality_confidence": "confidence", "quality_loosen_after": "loosen_after"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,6 +45,7 @@ class RouteRules:
     tiers: dict[str, LaneTarget] | None = None  # both of TIERS, or None: one upstream tier (`upstream`)
     models: tuple[str, ...] | None = None  # `lanes.models`: the model names (globs) it may name; None: any
     tier_names: str = "direct"  # `lanes.tier_names`: a named tier model is served directly, or routed as `auto`
+    quality: QualityBound | None = None  # `lanes.upstream.tiers.max_quality_loss`: the routing quality bound; None: off
 
     def allows(self, lane: str) -> bool:
         return lane in self.lanes
@@ -52,13 +57,14 @@ class RouteRules:
     def target_for(self, lane: str) -> LaneTarget:
         return self.edge if lane == "edge" else self.upstream
 
-    def tier_for(self, score: float) -> LaneTarget:
-        """The upstream tier for a router score: strong when it reaches the threshold, else cost.
+    def tier_for(self, score: float, threshold: float | None = None) -> LaneTarget:
+        """The upstream tier for a router score: strong when it reaches the threshold (the rules' own, or
+        a region's under the quality bound), else cost.
 
         Only with tiers; a tenant/app without them has the one upstream target."""
         if self.tiers is None:
             return self.upstream
-        return self.tiers["strong" if score >= self.threshold else "cost"]
+        return self.tiers["strong" if score >= (self.threshold if threshold is None else threshold) else "cost"]
 
 
 def _target(section: dict[str, Any]) -> tuple[str, float]:
@@ -82,8 +88,9 @@ def _tiers(upstream: dict[str, Any]) -> dict[str, LaneTarget] | None:
     raw = upstream.get("tiers")
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != set(TIERS):
-        raise ValueError(f"lanes.upstream.tiers must name exactly the tiers {', '.join(TIERS)} (or be null)")
+    if not isinstance(raw, dict) or not set(TIERS) <= set(raw) or set(raw) - set(TIERS) - set(QUALITY_KEYS):
+        raise ValueError(f"lanes.upstream.tiers must name exactly the tiers {', '.join(TIERS)} (or be null), and may set "
+                         f"{', '.join(QUALITY_KEYS)}")
     pools = upstream.get("pools") or {}
     out: dict[str, LaneTarget] = {}
     for tier in TIERS:
@@ -100,6 +107,23 @@ def _tiers(upstream: dict[str, Any]) -> dict[str, LaneTarget] | None:
         model = entry.get("model") or pool_cfg.get("model")
         out[tier] = LaneTarget("upstream", pool, None if model is None else str(model), pool_cfg.get("precision"), tier)
     return out
+
+
+def _quality(upstream: dict[str, Any], start: float) -> QualityBound | None:
+    """The routing quality bound of `lanes.upstream.tiers` (None: max_quality_loss unset)."""
+    raw = upstream.get("tiers")
+    if not isinstance(raw, dict) or raw.get("max_quality_loss") is None:
+        return None
+    try:
+        values: dict[str, Any] = {field: raw[key] for key, field in QUALITY_KEYS.items() if raw.get(key) is not None}
+        for name in ("max_quality_loss", "sample_rate", "confidence"):
+            if name in values:
+                values[name] = float(values[name])
+        if "loosen_after" in values:
+            values["loosen_after"] = int(values["loosen_after"])
+        return QualityBound(start=start, **values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"lanes.upstream.tiers: {exc}") from None
 
 
 def lanes_sections(policy: Policy) -> list[dict[str, Any]]:
@@ -190,10 +214,12 @@ class RoutePolicy:
         tier_names = str(lanes_sec.get("tier_names") or "direct")
         if tier_names not in ("direct", "auto"):
             raise ValueError(f"lanes.tier_names must be direct or auto, got {tier_names!r}")
+        threshold = self._threshold(mode, value)
         return RouteRules(
+            quality=_quality(upstream, threshold),
             models=None if models is None else tuple(models),
             tier_names=tier_names,
-            threshold=self._threshold(mode, value),
+            threshold=threshold,
             target=f"{mode}={value:g}",
             allow_force=bool(router_sec.get("allow_force", True)),
             lanes=lanes,
