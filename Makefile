@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: install run test lint agents router-model edge-calibration cache-verifier static-embedding bench demo image image-test clean
+.PHONY: install run test lint agents router-model route-regions edge-calibration cache-verifier static-embedding bench demo image image-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ test: $(STAMP) lint agents
 
 router-model: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/tierlane router train --out policies/router/artifacts
+
+# The regions of the routing quality bound (policies/router/regions.py): k-means over the router's training families.
+route-regions: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.router.regions fit
 
 # Runs the edge model over the shipped probe set (greedy, fresh answers) and refits the edge
 # calibration (prior + confidence models, thresholds); see policies/edge_quality/MODEL_CARD.md.

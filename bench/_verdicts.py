@@ -454,6 +454,25 @@ def _agreement_judge(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _mixed(d: dict[str, Any]) -> list[Record]:
+    bound = d.get("runs", {}).get("bound", {})
+    n = bound.get("requests")
+    late = bound.get("after_warmup", {})
+    out = [
+        target("bound: quality vs all-strong", bound.get("quality_vs_all_strong"), ">=", 0.97, n=n, n_of="requests"),
+        target("bound: saved share of the all-strong bill (judging spend included)", bound.get("saved_share_after_judging"),
+               ">=", 0.40, n=n, n_of="requests", note=f"before judging spend: {bound.get('saved_share')}"),
+        rate("bound: disagreement the cost tier served after warm-up", int(late.get("served_disagreement", 0)),
+             int(late.get("tiered", 0)), "<=", float(d.get("setup", {}).get("max_quality_loss", 0.03)),
+             n_of="tiered requests after warm-up", note=f"worst region {late.get('worst_region_share')}"),
+    ]
+    for family in ("math", "mmlu"):
+        view = bound.get("held_out_families", {}).get(family, {})
+        out.append(target(f"bound: {family} (held out) quality gain over random at the same strong share",
+                          view.get("gain_over_random"), ">=", 0.03, n=view.get("tiered"), n_of="tiered requests"))
+    return out
+
+
 def _prefix_affinity(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     requests = d.get("workload", {}).get("requests")
@@ -603,6 +622,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "edge_quality": _edge_quality,
     "edge_speculative": _edge_speculative,
     "metering_overhead": _metering_overhead,
+    "mixed": _mixed,
     "peers": _peers,
     "prefix_affinity": _prefix_affinity,
     "proxy_overhead": _proxy_overhead,

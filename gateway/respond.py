@@ -112,6 +112,8 @@ def lane_header(ctx: RequestContext) -> str:
     lane = ctx.lane if ctx.lane != "upstream" or not ctx.pool else f"upstream:{ctx.pool}"
     if ctx.lane == "upstream" and ctx.tier is not None:
         lane += f"; tier={ctx.tier}"  # e.g. `upstream:critical; tier=strong; score=0.612; reason=router_strong`
+        if ctx.quality_probe is not None:  # routed at a region's threshold (lanes.upstream.tiers.max_quality_loss)
+            lane += f"; region={ctx.quality_probe.region}"
     route = ctx.route
     check = ctx.edge_check
     if check is not None and check.confidence is not None:

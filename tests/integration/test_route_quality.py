@@ -38,10 +38,11 @@ POLICY = {
 PROMPT = "A train leaves at 3 pm at 60 km/h; another at 4 pm at 80 km/h. When does the second catch up?"
 
 
-def start(bg, make_gateway) -> tuple[RunningApp, Recorder, Recorder]:
+def start(bg, make_gateway, *, strong_fails: bool = False) -> tuple[RunningApp, Recorder, Recorder]:
     cheap, strong = Recorder(), Recorder()
     cost_up = RunningApp(bg, fault_app("ok", cheap, text="The answer is 41."))
-    strong_up = RunningApp(bg, fault_app("ok", strong, text="The answer is 42."))
+    strong_app = fault_app("status", strong, status=500) if strong_fails else fault_app("ok", strong, text="The answer is 42.")
+    strong_up = RunningApp(bg, strong_app)
     keys = [{"sha256": hash_key(ADMIN), "tenant": "ops", "admin": True},
             {"sha256": hash_key(USER), "tenant": "acme", "app": "web"}]
     gateway = make_gateway(
@@ -112,3 +113,16 @@ def test_a_wrong_cost_answer_moves_its_region_to_the_strong_tier_and_a_restart_k
     assert tier(third) == "strong"
     (row,) = [r for r in regions(again) if r["judged"] >= 1] or [None]
     assert row is not None and row["threshold"] == threshold
+
+
+def test_a_judgement_that_fails_is_counted_and_never_taken_for_agreement(bg, make_gateway) -> None:
+    gw, cheap, strong = start(bg, make_gateway, strong_fails=True)
+    assert tier(ask(gw)) == "cost"
+    deadline = time.monotonic() + 30
+    while not ((rows := regions(gw)) and rows[0]["judge_failed"] >= 1):
+        assert time.monotonic() < deadline, regions(gw)
+        time.sleep(0.05)
+    (row,) = rows
+    assert row["judged"] == 0 and row["threshold"] == row["router_threshold"] == 1.0
+    assert strong.hits >= 1  # the strong tier was asked (and failed, retried by the pool)
+    assert tier(ask(gw)) == "cost"  # no evidence either way: the router decides, as before
