@@ -734,6 +734,29 @@ def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_mixed(data: dict[str, Any]) -> list[str]:
+    """Mixed traffic: one row per run (the router alone, the bound at each sample rate), then quality per family."""
+    setup = data.get("setup") or {}
+    rates = setup.get("quality_sample_rate") or {}
+    runs = data.get("runs") or {}
+    rows = []
+    for name, r in runs.items():
+        late = r.get("after_warmup") or {}
+        label = name if name not in rates else f"{name} (max_quality_loss {setup.get('max_quality_loss')}, sample {rates[name]})"
+        rows.append([label, r.get("saved_share"), r.get("saved_share_after_judging"), r.get("quality_vs_all_strong"),
+                     r.get("random_at_same_strong_share_quality_vs_all_strong"), r.get("strong_share_of_tiered"),
+                     f"{_num(late.get('disagreement_share'))} (worst region {_num(late.get('worst_region_share'))})"])
+    lines = [f"{setup.get('requests')} requests ({', '.join(f'{k} {v}' for k, v in (setup.get('families') or {}).items())}); "
+             f"tiers priced {setup.get('prices_usd_per_million')} USD per million input/output tokens; the edge off.", ""]
+    lines += _table(["run", "saved vs all-strong", "after judging spend", "quality vs all-strong", "random, same strong share",
+                     "strong share (tiered)", f"disagreement served after request {setup.get('warmup')}"], rows)
+    families = sorted({f for r in runs.values() for f in (r.get("per_family") or {})})
+    lines += ["", "Quality vs all-strong per family:", ""]
+    lines += _table(["run", *families], [[name, *((r.get("per_family") or {}).get(f, {}).get("quality_vs_all_strong") for f in families)]
+                                          for name, r in runs.items()])
+    return lines
+
+
 def render_generic(data: dict[str, Any]) -> list[str]:
     rows = []
     for key, value in data.items():
@@ -785,6 +808,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_latency": render_cache_latency,
     "peers": render_peers,
     "prefix_affinity": render_prefix_affinity,
+    "mixed": render_mixed,
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
     "agents": render_agents,
