@@ -10,7 +10,7 @@ with `redis`); the meter counts each tiered request and what it saved; the dashb
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from policies.route_bound import QualityBound, RegionStats, RouteBounds
@@ -45,11 +45,16 @@ class RouteQuality:
     def __init__(self, regions: Regions, log_: BoundLog) -> None:
         self.regions = regions
         self.log = log_
+        self._digest = regions.digest  # hashed once, not per request
         self._mismatch_logged = False
 
     @property
     def bounds(self) -> RouteBounds:
         return self.log.bounds
+
+    def params(self, bound: QualityBound) -> QualityBound:
+        """The policy's bound, tied to these regions (a state learnt under other centroids starts again)."""
+        return bound if bound.regions == self._digest else replace(bound, regions=self._digest)
 
     def region_of(self, embedding: Any) -> int | None:
         try:

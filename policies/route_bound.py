@@ -57,6 +57,7 @@ class QualityBound:
     confidence: float = 0.95
     loosen_after: int = 50  # observations since the last move before one loosening step
     step: float = 0.02  # one loosening step, in router-score units
+    regions: str = ""  # digest of the regions the region numbers refer to: a refit starts every region again
 
     def __post_init__(self) -> None:
         if not 0.0 < self.max_quality_loss < 1.0:
@@ -68,14 +69,15 @@ class QualityBound:
         if self.loosen_after < 1 or self.step <= 0:
             raise ValueError("quality_loosen_after must be >= 1 and the step > 0")
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> QualityBound:
         return cls(max_quality_loss=float(raw["max_quality_loss"]), start=float(raw["start"]),
                    sample_rate=float(raw["sample_rate"]), confidence=float(raw["confidence"]),
-                   loosen_after=int(raw["loosen_after"]), step=float(raw["step"]))  # fmt: skip
+                   loosen_after=int(raw["loosen_after"]), step=float(raw["step"]),
+                   regions=str(raw.get("regions", "")))  # fmt: skip
 
 
 @dataclass(slots=True)

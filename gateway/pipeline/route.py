@@ -294,6 +294,7 @@ class RouteStage:
         if region is None:
             return rules.tier_for(score)
         scope = bound_scope(ctx.principal.tenant, ctx.principal.app)
+        bound = quality.params(bound)
         threshold = quality.bounds.threshold(scope, region, bound)
         ctx.quality_probe = QualityProbe(scope, region, bound, float(score), threshold,
                                          {tier: self._upstream_target(ctx, rules.tiers[tier]) for tier in TIERS})

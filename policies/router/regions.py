@@ -17,6 +17,7 @@ same part of prompt space everywhere (what lets replicas share one learned state
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -41,6 +42,11 @@ class Regions:
 
     centroids: np.ndarray
     labels: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        """Names these centroids: judgements made under other regions are not applied to these."""
+        return hashlib.sha256(np.ascontiguousarray(self.centroids, dtype=np.float32).tobytes()).hexdigest()[:16]
 
     @classmethod
     def load(cls, directory: Path | None = None) -> Regions:

@@ -209,3 +209,15 @@ def test_regions_are_the_shipped_centroids_and_place_prompts_alike() -> None:
         assert regions.of(regions.centroids[k]) == k
     with pytest.raises(ValueError, match="dimensions"):
         regions.of(np.ones(10, dtype=np.float32))
+
+
+def test_judgements_made_under_other_regions_do_not_carry_over() -> None:
+    from dataclasses import replace
+
+    bounds = RouteBounds()
+    old = replace(BOUND, regions="aaaa")
+    bounds.observe("s", 0, old, 0.2, disagree=True)
+    assert bounds.threshold("s", 0, old) == pytest.approx(0.2)
+    refit = replace(BOUND, regions="bbbb")
+    assert bounds.threshold("s", 0, refit) == BOUND.start
+    assert Regions.load().digest != "" and len(Regions.load().digest) == 16
