@@ -278,6 +278,11 @@ class EdgeEngine:
         finally:
             generation.cancel()
 
+    def expected_seconds(self, prompt_tokens: int, output_tokens: int) -> float | None:
+        """How long an answer of this size takes here when nothing else runs (None: not measured yet)."""
+        scheduler = self._scheduler
+        return scheduler.expected_seconds(prompt_tokens, output_tokens) if scheduler is not None else None
+
     def stats(self) -> dict[str, Any]:
         """Queue depth, active sequences, KV cells, token rates and TTFT, for telemetry."""
         load = self._scheduler.load() if self._scheduler is not None else {}

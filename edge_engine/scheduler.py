@@ -389,6 +389,15 @@ class Scheduler:
             scopes.add(first)
         return len(scopes) > 1
 
+    def expected_seconds(self, prompt_tokens: int, output_tokens: int) -> float | None:
+        """What `prompt_tokens` of prompt and `output_tokens` decoded alone take on this context,
+        from the step costs measured here (the prompt cost model timed at start, the cost of a lone
+        decode step seen since); None until both are known."""
+        decode_s = self.stats.solo_decode_s()
+        if decode_s is None or not self.steps.modelled:
+            return None
+        return self.steps.cost(0, prompt_tokens) / 1000.0 + output_tokens * decode_s
+
     def _decode_turn(self, now: float) -> bool:
         """Whether this step decodes the running sequences rather than ingesting prompts."""
         if self._last_step_decoded:
@@ -496,6 +505,8 @@ class Scheduler:
                 self._judge(seq, len(draft), len(tokens) - 1)
             verified.append((seq, tokens, infos))
         self.stats.record_step(n_prompt, n_decode)
+        if n_prompt == 0 and n_decode == 1 and len(rows) == 1 and not drafts:
+            self.stats.record_solo_decode(time.perf_counter() - started)
         limit_s = self.settings.grammar.max_sampling_ms / 1000.0
         for seq, tokens, infos in verified:
             if seq.sampling_s > limit_s:

@@ -32,12 +32,24 @@ class EngineStats:
     loop_stops_total: int = 0  # sequences ended because their output repeated itself (finish_reason "loop")
     grammar_stops_total: int = 0  # sequences failed for using more grammar sampling time than edge.grammar allows
     low_confidence_stops_total: int = 0  # ended on a run of low-confidence tokens ("low_confidence")
+    # seconds of a decode step of one sequence alone (no prompt piece, no draft): the lowest of the
+    # recent ones, so the figure is the engine's own step cost, not what load adds to it
+    _solo_decode: deque[float] = field(default_factory=lambda: deque(maxlen=64))
 
     def record_step(self, n_prefill: int, n_decode: int) -> None:
         with self._lock:
             self._steps.append((time.perf_counter(), n_prefill, n_decode))
             self.prefill_tokens_total += n_prefill
             self.decode_tokens_total += n_decode
+
+    def record_solo_decode(self, seconds: float) -> None:
+        with self._lock:
+            self._solo_decode.append(seconds)
+
+    def solo_decode_s(self) -> float | None:
+        """The step cost of decoding one token of one sequence (the lowest recent one; None before any)."""
+        with self._lock:
+            return min(self._solo_decode) if self._solo_decode else None
 
     def record_draft(self, drafted: int, accepted: int) -> None:
         with self._lock:

@@ -74,6 +74,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                      ", ".join(f"{k} {v:.2f} s" for k, v in services.startup_s.items()))
             if services.cache is not None and services.telemetry is not None:
                 services.telemetry.watch_cache_bounds(services.cache.bounds.stats)
+            if services.route_quality is not None and services.telemetry is not None:
+                services.telemetry.watch_route_bounds(services.route_quality.stats)
             app[SERVICES] = services
             app[MODELS] = ModelCatalog.from_services(services)
             pipeline = app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)

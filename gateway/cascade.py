@@ -52,6 +52,14 @@ class EdgeJudge:
     early_check_tokens: int
     low_confidence_run: int
     low_confidence_logprob: float
+    deadline_slack: float = 0.0  # 0: no deadline for the attempt
+    deadline_min_s: float = 0.0
+
+    def deadline_s(self, expected_s: float | None) -> float | None:
+        """Seconds the attempt may take before it is judged, given what it takes on the engine alone."""
+        if self.deadline_slack <= 0 or expected_s is None:
+            return None
+        return self.deadline_min_s + self.deadline_slack * expected_s
 
     def check(self, tokens: Sequence[TokenInfo], finish_reason: str | None, *, final: bool,
               served: bool = False, structured: bool = False) -> EdgeCheck:
@@ -166,6 +174,8 @@ class Cascade:
             early_check_tokens=self._calibrated_tokens(),
             low_confidence_run=rules.low_confidence_run,
             low_confidence_logprob=rules.low_confidence_logprob,
+            deadline_slack=rules.deadline_slack,
+            deadline_min_s=rules.deadline_min_s,
         )
 
 

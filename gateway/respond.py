@@ -119,6 +119,8 @@ def lane_header(ctx: RequestContext) -> str:
     if check is not None and check.confidence is not None:
         # e.g. `upstream:standard; escalated; confidence=0.412; ...` or `edge; confidence=0.931; ...`
         lane += f"; escalated; confidence={check.confidence:.3f}" if check.escalated else f"; confidence={check.confidence:.3f}"
+    elif check is not None and check.escalated:  # escalated before any confidence, e.g. past its deadline
+        lane += f"; escalated ({check.reason})"
     if route is None:
         return lane
     score = "" if route.score is None else f"; score={route.score:.3f}"

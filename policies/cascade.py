@@ -49,6 +49,10 @@ class CascadeSection(StrictSection):
     prior: CascadeTarget = Field(default_factory=lambda: CascadeTarget(mode="min_local_recall", value=0.95))
     target: CascadeTarget = Field(default_factory=CascadeTarget)
     hold_tokens: int = Field(12, ge=0, le=512)
+    # an edge attempt not judged by this time is escalated (reason `deadline`): deadline_min_s +
+    # deadline_slack x what its prompt and the tokens before the check take on the engine alone
+    deadline_slack: float = Field(4.0, ge=0.0, le=1000.0)  # 0: no deadline
+    deadline_min_s: float = Field(5.0, ge=0.0, le=3600.0)
     low_confidence_run: int = Field(8, ge=0, le=4096)
     low_confidence_logprob: float = Field(-4.0, le=0.0)
     learn: LearnSection = Field(default_factory=LearnSection)

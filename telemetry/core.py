@@ -29,7 +29,7 @@ from telemetry.config import TelemetryConfig
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from telemetry.loop_monitor import LoopMonitor
 from telemetry.metrics import Measurement, OtelMetrics
-from telemetry.prometheus import CACHE_BOUND_GAUGES, CacheBoundCollector, PromMetrics
+from telemetry.prometheus import CACHE_BOUND_GAUGES, ROUTE_BOUND_GAUGES, BoundCollector, PromMetrics
 from telemetry.record import MeteredRequest
 from telemetry.setup import build_providers
 from telemetry.spans import ModelSpan, NoopSpan, ServerSpan, Spans, StageSpan
@@ -127,6 +127,7 @@ class Telemetry:
         self._error_codes = error_codes
         self._started = False
         self._watching_bounds = False
+        self._watching_route_bounds = False
 
     async def start(self) -> None:
         """Start the loop monitor; open the ledger, load the local tokenizer and restore this month's spend."""
@@ -432,7 +433,7 @@ class Telemetry:
         self._watching_bounds = True
         bounds = self.bounds
         if self.prometheus is not None:
-            self.prometheus.registry.register(CacheBoundCollector(read, bounds.tenant, bounds.app))
+            self.prometheus.registry.register(BoundCollector(CACHE_BOUND_GAUGES, read, bounds.tenant, bounds.app))
         mp = self._providers.meter_provider
         if mp is None:
             return
@@ -451,6 +452,14 @@ class Telemetry:
             # tierlane_cache_served_error -> tierlane.cache.served_error
             meter.create_observable_gauge("tierlane.cache." + name.removeprefix("tierlane_cache_"), callbacks=[observe],
                                           description=doc)  # fmt: skip
+
+    def watch_route_bounds(self, read: Callable[[], list[Any]]) -> None:
+        """Export the routing quality bound per tenant/app and region on /metrics (lanes.upstream.tiers.max_quality_loss)."""
+        if self._watching_route_bounds or self.prometheus is None:
+            return
+        self._watching_route_bounds = True
+        bounds = self.bounds
+        self.prometheus.registry.register(BoundCollector(ROUTE_BOUND_GAUGES, read, bounds.tenant, bounds.app, regions=True))
 
     def render_metrics(self) -> bytes:
         return self.prometheus.render() if self.prometheus is not None else b""

@@ -57,27 +57,47 @@ CACHE_BOUND_GAUGES: tuple[tuple[str, str, Callable[[Any], float | None]], ...] =
 )  # fmt: skip
 
 
-class CacheBoundCollector:
-    """The cache's error bound per tenant/app, read at scrape time (labels bounded like every other)."""
+# the routing quality bound (lanes.upstream.tiers.max_quality_loss) per tenant/app and region (RegionStats)
+ROUTE_BOUND_GAUGES: tuple[tuple[str, str, Callable[[Any], float | None]], ...] = (
+    ("tierlane_route_quality_loss", "Share of a region's tiered requests the cost tier answers differently (judged)",
+     lambda st: st.loss),
+    ("tierlane_route_quality_loss_upper", "Upper confidence bound of that share", lambda st: st.upper),
+    ("tierlane_route_max_quality_loss", "The bound that upper bound is kept under", lambda st: st.max_quality_loss),
+    ("tierlane_route_region_threshold", "The router score at or above which the region's requests go to the strong tier",
+     lambda st: st.threshold),
+    ("tierlane_route_region_strong_share", "Share of the region's tiered requests this replica sent to the strong tier",
+     lambda st: st.strong_share),
+    ("tierlane_route_judged", "Tiered answers judged against the other tier's (all, since start)", lambda st: float(st.observed)),
+)  # fmt: skip
 
-    def __init__(self, read: Callable[[], list[Any]], tenant: Callable[[str], str], app: Callable[[str], str]) -> None:
+
+class BoundCollector:
+    """A bound's gauges per tenant/app (and region, where it has them), read at scrape time; labels
+    bounded like every other (regions are a fixed, small set)."""
+
+    def __init__(self, gauges: tuple[tuple[str, str, Callable[[Any], float | None]], ...], read: Callable[[], list[Any]],
+                 tenant: Callable[[str], str], app: Callable[[str], str], *, regions: bool = False) -> None:  # fmt: skip
+        self._gauges = gauges
         self._read = read
         self._tenant = tenant
         self._app = app
+        self._labels = ["tenant", "app", "region"] if regions else ["tenant", "app"]
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [GaugeMetricFamily(name, doc, labels=["tenant", "app"]) for name, doc, _ in CACHE_BOUND_GAUGES]
+        return [GaugeMetricFamily(name, doc, labels=self._labels) for name, doc, _ in self._gauges]
 
     def collect(self) -> list[GaugeMetricFamily]:
-        families = [GaugeMetricFamily(name, doc, labels=["tenant", "app"]) for name, doc, _ in CACHE_BOUND_GAUGES]
-        seen: set[tuple[str, str]] = set()
+        families = self.describe()
+        seen: set[tuple[str, ...]] = set()
         for st in self._read():
             tenant, _, app = st.scope.partition("/")
-            labels = (self._tenant(tenant), self._app(app))
+            labels: tuple[str, ...] = (self._tenant(tenant), self._app(app))
+            if len(self._labels) == 3:
+                labels = (*labels, str(st.region))
             if labels in seen:
                 continue  # unlisted tenants/apps share `other`: the first one seen stands for them
             seen.add(labels)
-            for family, (_, _, value) in zip(families, CACHE_BOUND_GAUGES):
+            for family, (_, _, value) in zip(families, self._gauges):
                 v = value(st)
                 if v is not None:
                     family.add_metric(list(labels), float(v))

@@ -94,6 +94,11 @@ def make_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[GatewayFactory]
 
     def factory(*, base: dict[str, Any] | None = None, **overrides: Any) -> RunningApp:
         data = _deep_merge(PASS_THROUGH if base is None else base, {"state_dir": str(tmp_path / "state")})
+        # NOTE: the edge attempt's deadline (cascade.deadline_slack) turns a slow test machine into
+        # escalations; tests that check it set it themselves, the rest run without it.
+        cascade = (data.get("policy") or {}).get("cascade") or {}
+        if "deadline_slack" not in cascade:
+            data = _deep_merge(data, {"policy": {"cascade": {"deadline_slack": 0.0}}})
         data = _deep_merge(data, overrides)
         settings = Settings.load(env={}, overrides=data)
         app = RunningApp(bg, create_app(settings))

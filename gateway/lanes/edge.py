@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 import weakref
@@ -16,6 +17,7 @@ from gateway.cascade import EdgeJudge, Escalate
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import ContextLengthExceeded, GatewayError, InvalidRequest, Overloaded
 from gateway.protocol import WireRequest
+from policies.domain import EdgeCheck
 
 
 def gateway_error(exc: EngineError) -> GatewayError:
@@ -124,13 +126,22 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
         hold = judge.hold_tokens if ctx.stream else judge.early_check_tokens
     structured = params.grammar is not None
     checked_early = False
+    deadline_at: float | None = None
+    if judge is not None and judge.escalate:
+        # until the check: `hold` tokens, or the whole answer where nothing is checked early
+        until = hold or params.max_tokens or engine.settings.default_max_tokens
+        budget = judge.deadline_s(engine.expected_seconds(generation.prompt_tokens, until))
+        deadline_at = None if budget is None else started + budget
     try:
         # Errors before the first token raise here, not in the stream. After `hold` tokens the
         # answer so far is checked: a failing one is escalated without decoding the rest, and a
         # stream sends nothing before that check. A whole answer still running after as many
         # tokens as the calibration scored is checked on those; either is judged again at its end.
         while not held or held[-1].finish_reason is None:
-            held.append(await generation.__anext__())
+            if deadline_at is not None and judge is not None and not checked_early:
+                held.append(await _before(generation, deadline_at, ctx, judge, held, started))
+            else:
+                held.append(await generation.__anext__())
             if ctx.first_token_at is None:
                 ctx.first_token_at = time.perf_counter()
             event = held[-1]
@@ -155,6 +166,21 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
         _finish(ctx, last, started)
         return Answer(lane="edge", body=shape.body("".join(e.text for e in held), tokens, last))
     return Answer(lane="edge", chunks=_stream(generation, held, shape, ctx, started, judge, params.grammar is not None))
+
+
+async def _before(generation: Generation, deadline_at: float, ctx: RequestContext, judge: EdgeJudge,
+                  held: list[GenerationEvent], started: float) -> GenerationEvent:
+    """The next event, or an escalation (reason `deadline`) when the attempt is past its deadline: a
+    queue or a slow engine must not make the request wait for an answer that may still fail its check."""
+    try:
+        return await asyncio.wait_for(generation.__anext__(), max(0.0, deadline_at - time.perf_counter()))
+    except TimeoutError:
+        generation.cancel()
+        ctx.lane_seconds = time.perf_counter() - started
+        out = held[-1].completion_tokens if held else 0
+        ctx.edge_check = EdgeCheck(confidence=None, threshold=judge.threshold, passed=False, escalated=True, reason="deadline",
+                                   edge_input_tokens=generation.prompt_tokens, edge_output_tokens=out)  # fmt: skip
+        raise Escalate(ctx.edge_check) from None
 
 
 def _check(ctx: RequestContext, judge: EdgeJudge, generation: Generation, held: list[GenerationEvent], started: float,

@@ -26,12 +26,12 @@ NEVER = {"mode": "threshold", "value": 1.0}
 
 
 def gateway(make_gateway: Any, llama_upstream: Any, *, prior: dict[str, Any], target: dict[str, Any],
-            cache: bool = False, hold_tokens: int = 4) -> Any:
+            cache: bool = False, hold_tokens: int = 4, **cascade: Any) -> Any:
     policy = {
         **PASS_THROUGH["policy"],
         "router": {"enabled": True},
         "cache": {"enabled": cache},
-        "cascade": {"enabled": True, "prior": prior, "target": target, "hold_tokens": hold_tokens},
+        "cascade": {"enabled": True, "prior": prior, "target": target, "hold_tokens": hold_tokens, **cascade},
     }
     base = {**PASS_THROUGH, "edge": {"enabled": True, "n_ctx": 1024, "slots": 4, "n_threads": 1},
             "embedder": {"enabled": True}, "telemetry": {"tracing": False, "metrics": True}}
@@ -73,6 +73,23 @@ def ledger(gw: Any) -> dict[str, Any]:
     r = httpx.get(gw.url + "/v1/usage", params={"group_by": "lane"}, timeout=30)
     assert r.status_code == 200, r.text
     return {row["lane"]: row for row in r.json()["data"]}
+
+
+def test_an_attempt_past_its_deadline_is_escalated_without_waiting_for_its_check(make_gateway, llama_upstream):
+    """The deadline is the engine's own measured cost of the attempt times a slack: at a slack of
+    1e-9 (and no minimum) any attempt is past it once the engine has measured a lone decode step."""
+    gw = gateway(make_gateway, llama_upstream, prior=ALWAYS, target=ALWAYS, deadline_slack=1e-9, deadline_min_s=0.0)
+    first = ask(gw)  # no step cost measured yet: no deadline, the edge answers (and its decode steps are timed)
+    assert first.status_code == 200 and first.headers["x-tierlane-lane"].startswith("edge"), first.headers
+    second = ask(gw, "Name a colour of the sky.")
+    assert second.status_code == 200, second.text
+    assert second.json()["model"] == UPSTREAM_MODEL
+    assert "escalated (deadline)" in second.headers["x-tierlane-lane"], second.headers["x-tierlane-lane"]
+    assert metric(gw, "tierlane_edge_checks_total", result="escalated", reason="deadline") == 1
+    # streams too: nothing was sent before the escalation, the client sees the upstream's answer alone
+    streamed = ask(gw, "Name a fruit.", stream=True)
+    _, models = sse_text(streamed)
+    assert models == {UPSTREAM_MODEL} and "escalated (deadline)" in streamed.headers["x-tierlane-lane"]
 
 
 def test_a_failed_check_escalates_and_the_client_sees_one_answer(make_gateway, llama_upstream):

@@ -105,6 +105,10 @@ def test_a_wrong_cost_answer_moves_its_region_to_the_strong_tier_and_a_restart_k
     # the tenant is not billed for the judging: its usage is two requests
     usage = httpx.get(gw.url + "/v1/usage", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
     assert sum(r["requests"] for r in usage["data"]) == 2
+    metrics = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).text
+    # tenant and app names are bounded on /metrics (unlisted ones are `other`); the region is a label of its own
+    assert any(line.startswith("tierlane_route_region_threshold{") and f'region="{row["region"]}"' in line and float(line.rsplit(" ", 1)[1]) == pytest.approx(row["threshold"], abs=1e-4)
+               for line in metrics.splitlines()), [x for x in metrics.splitlines() if "route" in x]
     threshold = row["threshold"]
     gw.stop()
 

@@ -86,7 +86,7 @@ def test_state_is_bounded_and_a_changed_policy_starts_again() -> None:
 
 def test_the_bound_is_on_metrics_per_tenant_and_app() -> None:
     from telemetry.attributes import LabelBounds
-    from telemetry.prometheus import CacheBoundCollector, PromMetrics
+    from telemetry.prometheus import CACHE_BOUND_GAUGES, BoundCollector, PromMetrics
 
     bounds = ErrorBounds()
     for i in range(10):
@@ -95,7 +95,7 @@ def test_the_bound_is_on_metrics_per_tenant_and_app() -> None:
     bounds.count_lookup("acme/web", PARAMS, hit=False, exact=False)
     labels = LabelBounds(["acme"], ["web"], [])
     prom = PromMetrics()
-    prom.registry.register(CacheBoundCollector(bounds.stats, labels.tenant, labels.app))
+    prom.registry.register(BoundCollector(CACHE_BOUND_GAUGES, bounds.stats, labels.tenant, labels.app))
     text = prom.render().decode()
     assert 'tierlane_cache_hit_rate{app="web",tenant="acme"} 0.5' in text
     assert 'tierlane_cache_judged_hits{app="web",tenant="acme"} 10.0' in text
