@@ -704,11 +704,14 @@ def render_tiers(data: dict[str, Any]) -> list[str]:
 def render_edge_escalation_ttfb(data: dict[str, Any]) -> list[str]:
     """Time to first byte with the edge never tried vs tried and always escalated."""
     runs = data.get("runs") or {}
-    rows = [[name, kind, r.get("requests"), r.get("escalated"), (r.get("ttfb_ms") or {}).get("p50"), (r.get("ttfb_ms") or {}).get("p90")]
+    rows = [[name, kind, r.get("requests"), r.get("escalated"), r.get("past_deadline", "–"), (r.get("ttfb_ms") or {}).get("p50"),
+             (r.get("ttfb_ms") or {}).get("p90")]
             for name, run in runs.items() for kind, r in run.items()]  # fmt: skip
     cost = data.get("escalation_ttfb_cost_ms") or {}
-    rows += [["cost of a failed attempt", kind, "", "", c.get("p50"), c.get("p90")] for kind, c in cost.items()]
-    return _table(["run", "answer", "requests", "escalated", "ttfb p50 ms", "ttfb p90 ms"], rows)
+    rows += [["cost of a failed attempt", kind.replace("_", " "), "", "", "", c.get("p50"), c.get("p90")] for kind, c in cost.items()]
+    setup = data.get("setup") or {}
+    lines = [f"{setup.get('prompts')} prompts, {setup.get('concurrency')} at a time.", ""]
+    return lines + _table(["run", "answer", "requests", "escalated", "past the deadline", "ttfb p50 ms", "ttfb p90 ms"], rows)
 
 
 def render_cache_error_bound(data: dict[str, Any]) -> list[str]:
@@ -844,7 +847,9 @@ def render(results_dir: Path) -> str:
             continue
         if not isinstance(data, dict):
             continue
-        render_one = RENDERERS.get(path.stem) or (render_replay if data.get("object") == "replay.report" else render_generic)
+        # a variant of a bench (edge_escalation_ttfb_c16) renders like the bench
+        family = next((RENDERERS[n] for n in sorted(RENDERERS, key=len, reverse=True) if path.stem.startswith(n)), None)
+        render_one = family or (render_replay if data.get("object") == "replay.report" else render_generic)
         parts.append(f"### {path.stem}")
         parts.append("")
         what = data.get("what") or data.get("benchmark")
