@@ -473,6 +473,24 @@ def _mixed(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _router_lofo(d: dict[str, Any]) -> list[Record]:
+    summary = d.get("summary", {})
+    shipped, math = summary.get("shipped", {}), summary.get("math_levels", {})
+
+    def gain(key: str) -> float | None:
+        a, b = math.get(key), shipped.get(key)
+        return None if a is None or b is None else round(a - b, 4)
+
+    return [
+        target("MATH difficulty rows: MATH types held out, level AUC gain", gain("math_mean_level_auc"), ">=", 0.03,
+               note=f"shipped {shipped.get('math_mean_level_auc')}, with MATH rows {math.get('math_mean_level_auc')}"),
+        target("MATH difficulty rows: MMLU groups held out, APGR change", gain("mmlu_mean_apgr"), ">=", -0.01,
+               note=f"shipped {shipped.get('mmlu_mean_apgr')}, with MATH rows {math.get('mmlu_mean_apgr')}"),
+        target("MATH difficulty rows: AlpacaEval sources held out, APGR change", gain("alpaca_mean_apgr"), ">=", -0.01,
+               note=f"shipped {shipped.get('alpaca_mean_apgr')}, with MATH rows {math.get('alpaca_mean_apgr')}"),
+    ]
+
+
 def _prefix_affinity(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     requests = d.get("workload", {}).get("requests")
@@ -628,6 +646,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "proxy_overhead": _proxy_overhead,
     "router": _router,
     "router_latency": _router_latency,
+    "router_lofo": _router_lofo,
     "shared_state": _shared_state,
     "static_embedding": _static_embedding,
     "tiers": _tiers,

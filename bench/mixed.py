@@ -64,6 +64,7 @@ SEED = 17
 MAX_QUALITY_LOSS = 0.03
 SAMPLE_RATES = {"bound": 0.1, "bound_sample_0.25": 0.25}
 WARMUP = 200
+MIN_REGION = 30  # tiered requests after warm-up a region needs for its own disagreement figure
 COST_RIGHT = {1: 0.85, 2: 0.7, 3: 0.55, 4: 0.4, 5: 0.25}  # the cost tier's chance on a MATH problem, by level
 MIX = {"simple": 0.3, "mmlu": 0.22, "math": 0.18, "paraphrase": 0.15, "repeat": 0.15}
 COMPLETION_TOKENS = {"simple": 4, "mmlu": 1, "math": 120, "paraphrase": 60}
@@ -311,7 +312,10 @@ def report(rows: list[dict[str, Any]], results: list[dict[str, Any]], spend: dic
         "held_out_families": {"math": family_view("math"), "mmlu": family_view("mmlu")},
         "after_warmup": {"from_request": WARMUP, "tiered": len(late), "served_disagreement": late_disagree,
                          "disagreement_share": round(late_disagree / max(1, len(late)), 4),
-                         "worst_region_share": max((e["disagreement_share"] for e in regions.values()), default=None),
+                         # regions with at least MIN_REGION tiered requests: one of 4 is no rate
+                         "worst_region_share": max((e["disagreement_share"] for e in regions.values()
+                                                    if e["tiered"] >= MIN_REGION), default=None),
+                         "min_region_requests": MIN_REGION,
                          "per_region": dict(sorted(regions.items()))},
         "dashboard_regions": dashboard.get("quality", {}).get("route_bound", []),
     }

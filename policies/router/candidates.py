@@ -129,6 +129,9 @@ def default_candidates() -> list[Candidate]:
                   note="embedding directions between domain centroids projected out"),
         Candidate("lr_gated_math", "lr", "both", **gated, math_weight=0.3,
                   note="plus MATH level 4-5 as positives, 1-2 as negatives (own intercept), weight 0.3"),
+        Candidate("lr_gated_c0.005_math", "lr", "both", c=0.005, **gated, math_weight=0.3,
+                  note="lr_gated_c0.005 plus MATH level rows at weight 0.3: by leave-one-family-out "
+                       "(bench/router_lofo.py) it ranks held-out MATH types' levels better at no APGR cost"),
         Candidate("hgb_both", "hgb", "both", **base,
                   note="gradient boosting on text features + 32 PCA components of the embedding"),
     ]

@@ -191,7 +191,7 @@ def assemble(cand: Candidate, c: Corpus, m_idx: np.ndarray, a_idx: np.ndarray) -
         domain.append(np.char.add("alpaca:", c.alpaca.subjects[a_idx].astype(str)))
         group.append(domain[-1] if by_subject else np.full(len(a_idx), "alpaca"))
     if cand.math_weight > 0:
-        # Even rows train, odd rows stay out for the MATH-level diagnostic in the manifest.
+        # Even rows train; odd rows stay out: 1 mod 4 break selection ties, 3 mod 4 are the manifest's diagnostic.
         keep = (c.math_level != 3) & (np.arange(len(c.math_level)) % 2 == 0)
         emb.append(c.math_emb[keep])
         txt.append(c.math_txt[keep])
@@ -214,24 +214,62 @@ def mmlu_target(m: MMLUData, kind: str) -> np.ndarray:
     raise ValueError(f"unknown MMLU target {kind!r}; expected strong_needed, gain or weak_wrong")
 
 
+# MATH rows (of the seeded sample) no candidate trains on: odd rows. Of those, 1 mod 4 break
+# selection ties (MATH_SELECT), 3 mod 4 are the manifest's held-out diagnostic (MATH_REPORT).
+MATH_SELECT, MATH_REPORT = 1, 3
+# Candidates whose mean selection-fold APGR is within this of the best are tied (the spread of one
+# candidate's APGR across seeds and fold draws is about this size); the tie goes to the one that
+# ranks MATH levels best on the MATH_SELECT rows: a difficulty signal on a family no APGR sees.
+APGR_TIE = 0.005
+
+
+def math_rows(c: Corpus, part: int) -> np.ndarray:
+    return np.flatnonzero(np.arange(len(c.math_level)) % 4 == part)
+
+
+def math_level_auc(scores: np.ndarray, level: np.ndarray) -> float:
+    """AUC of level 4-5 against 1-2 (0.5 when one side is missing)."""
+    from sklearn.metrics import roc_auc_score
+
+    hard, easy = level >= 4, level <= 2
+    mask = hard | easy
+    if hard[mask].all() or not hard[mask].any():
+        return 0.5
+    return float(roc_auc_score(hard[mask], scores[mask]))
+
+
+def select(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The shippable candidate with the highest mean selection-fold APGR, ties (within APGR_TIE) going
+    to the best MATH level ranking on the selection rows, then to the mean within-subject AUC."""
+    shippable = [r for r in rows if r["shippable"]]
+    top = max(r["selection"]["mean_apgr"] for r in shippable)
+    tied = [r for r in shippable if r["selection"]["mean_apgr"] >= top - APGR_TIE]
+    return max(tied, key=lambda r: (r["selection"].get("math_level_auc", 0.5), r["selection"]["mean_apgr"],
+                                    r["selection"]["mmlu"]["mean_within_subject_auc"]))
+
+
 def out_of_fold(cand: Candidate, c: Corpus, m_idx: np.ndarray, a_idx: np.ndarray, folds: int, seed: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Scores for every given MMLU and AlpacaEval row from a model that never saw that row's group.
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores for every given MMLU and AlpacaEval row from a model that never saw that row's group,
+    and for the MATH_SELECT rows (no candidate trains on them) the mean over the folds' models.
 
     Groups are MMLU subjects and AlpacaEval sources, folded together (GroupKFold, deterministic).
     """
     groups = np.concatenate([c.mmlu.subjects[m_idx].astype(str), np.char.add("alpaca:", c.alpaca.subjects[a_idx].astype(str))])
     n_m = len(m_idx)
     m_scores, a_scores = np.zeros(n_m), np.zeros(len(a_idx))
+    selecting = math_rows(c, MATH_SELECT)
+    math_scores = np.zeros(len(selecting))
     for fit_rows, pred_rows in GroupKFold(n_splits=folds).split(groups, groups=groups):
         fit_m, fit_a = m_idx[fit_rows[fit_rows < n_m]], a_idx[fit_rows[fit_rows >= n_m] - n_m]
         fitted = fit_candidate(cand, assemble(cand, c, fit_m, fit_a), seed)
+        math_scores += decision(fitted, c.math_emb[selecting], c.math_txt[selecting]) / folds
         pm, pa = pred_rows[pred_rows < n_m], pred_rows[pred_rows >= n_m] - n_m
         if len(pm):
             m_scores[pm] = decision(fitted, c.emb[m_idx[pm]], c.txt[m_idx[pm]])
         if len(pa):
             a_scores[pa] = decision(fitted, c.alpaca_emb[a_idx[pa]], c.alpaca_txt[a_idx[pa]])
-    return m_scores, a_scores
+    return m_scores, a_scores, math_scores
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -295,8 +333,8 @@ def _as_logits(fitted: Fitted, raw: np.ndarray) -> np.ndarray:
     return raw if fitted.linear is not None else _logit(raw)
 
 
-def _candidate_row(cand: Candidate, m_oof: np.ndarray, a_oof: np.ndarray, c: Corpus, s: Split, seconds: float
-                   ) -> dict[str, Any]:
+def _candidate_row(cand: Candidate, m_oof: np.ndarray, a_oof: np.ndarray, math_oof: np.ndarray, c: Corpus, s: Split,
+                   seconds: float) -> dict[str, Any]:
     m_dev, a_dev = c.mmlu.take(s.m_dev), c.alpaca.take(s.a_dev)
     mm = routing_metrics(m_oof, m_dev)
     am = routing_metrics(a_oof, a_dev)
@@ -310,6 +348,7 @@ def _candidate_row(cand: Candidate, m_oof: np.ndarray, a_oof: np.ndarray, c: Cor
             "alpaca": {k: am[k] for k in ("auc", "apgr", "cpt50", "cpt80")},
             "mean_apgr": round((mm["apgr"] + am["apgr"]) / 2, 4),
             "share_spread_at_0.3": share_spread(m_oof, m_dev, a_oof, a_dev, 0.3),
+            "math_level_auc": round(math_level_auc(math_oof, c.math_level[math_rows(c, MATH_SELECT)]), 4),
         },
         "seconds": round(seconds, 1),
     }
@@ -380,7 +419,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"--only matched no candidate; known: {', '.join(k.name for k in default_candidates())}")
 
     rows: list[dict[str, Any]] = []
-    oof: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    oof: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     # NOTE: single-threaded BLAS/OpenMP: on a small shared machine extra threads spin and slow every fit.
     with threadpool_limits(limits=1):
         for cand in tqdm(candidates, desc="candidates (selection folds)", unit="model"):
@@ -388,13 +427,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             oof[cand.name] = out_of_fold(cand, c, s.m_dev, s.a_dev, cfg.folds, cfg.seed)
             rows.append(_candidate_row(cand, *oof[cand.name], c, s, time.perf_counter() - t0))
         # Selection reads only the selection folds; the test subjects and sources stay unseen until the report.
-        ranked = sorted((r for r in rows if r["shippable"]),
-                        key=lambda r: (r["selection"]["mean_apgr"], r["selection"]["mmlu"]["mean_within_subject_auc"]),
-                        reverse=True)
-        best = next(k for k in candidates if k.name == ranked[0]["name"])
+        best = next(k for k in candidates if k.name == select(rows)["name"])
         chosen = fit_candidate(best, assemble(best, c, s.m_dev, s.a_dev), cfg.seed)
 
-    m_oof, a_oof = oof[best.name]
+    m_oof, a_oof, _ = oof[best.name]
     m_dev, a_dev = c.mmlu.take(s.m_dev), c.alpaca.take(s.a_dev)
     dev_logits = _as_logits(chosen, np.concatenate([m_oof, a_oof]))
     dev_label = np.concatenate([m_dev.label, a_dev.label])
@@ -467,8 +503,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                   "alpaca_test_sources": list(ALPACA_TEST_SOURCES),
                   "selection": "out-of-fold scores on the dev rows, GroupKFold over MMLU subjects and AlpacaEval "
                                "sources; test rows are never used for selection, calibration or thresholds"},
-        "selection": "highest mean of the MMLU and AlpacaEval selection-fold APGR among shippable candidates "
-                     "(ties: mean within-subject AUC)",
+        "selection": f"highest mean of the MMLU and AlpacaEval selection-fold APGR among shippable candidates; "
+                     f"candidates within {APGR_TIE} of it are tied, and the tie goes to the best AUC of MATH level 4-5 "
+                     "vs 1-2 on a quarter of the MATH sample no candidate trains on (rows 1 mod 4; the manifest's "
+                     "math_levels diagnostic reads rows 3 mod 4), then to the mean within-subject AUC",
         "candidates": rows,
         "metrics": {"held_out_test": held_out,
                     "target_checks": {
@@ -476,7 +514,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         "alpaca": target_checks(curve, a_prob, a_test),
                         "pooled": pooled_target_checks(curve, m_prob, m_test, a_prob, a_test),
                     },
-                    "math_levels": _math_signal(math_prob[1::2], c.math_level[1::2]),
+                    "math_levels": _math_signal(math_prob[math_rows(c, MATH_REPORT)], c.math_level[math_rows(c, MATH_REPORT)]),
                     "everyday": _everyday_signal(everyday_prob, default_threshold)},
         "calibration": {"source": "selection-fold calibrated scores of MMLU dev subjects and AlpacaEval dev sources, "
                                   "each source weighing half; quality = fraction of the strong model's quality",
