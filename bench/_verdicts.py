@@ -475,7 +475,7 @@ def _mixed(d: dict[str, Any]) -> list[Record]:
 
 def _router_lofo(d: dict[str, Any]) -> list[Record]:
     summary = d.get("summary", {})
-    shipped, math = summary.get("shipped", {}), summary.get("math_levels", {})
+    shipped, math = summary.get("without_math", {}), summary.get("with_math", {})
 
     def gain(key: str) -> float | None:
         a, b = math.get(key), shipped.get(key)
@@ -483,11 +483,11 @@ def _router_lofo(d: dict[str, Any]) -> list[Record]:
 
     return [
         target("MATH difficulty rows: MATH types held out, level AUC gain", gain("math_mean_level_auc"), ">=", 0.03,
-               note=f"shipped {shipped.get('math_mean_level_auc')}, with MATH rows {math.get('math_mean_level_auc')}"),
+               note=f"without {shipped.get('math_mean_level_auc')}, with MATH rows {math.get('math_mean_level_auc')}"),
         target("MATH difficulty rows: MMLU groups held out, APGR change", gain("mmlu_mean_apgr"), ">=", -0.01,
-               note=f"shipped {shipped.get('mmlu_mean_apgr')}, with MATH rows {math.get('mmlu_mean_apgr')}"),
+               note=f"without {shipped.get('mmlu_mean_apgr')}, with MATH rows {math.get('mmlu_mean_apgr')}"),
         target("MATH difficulty rows: AlpacaEval sources held out, APGR change", gain("alpaca_mean_apgr"), ">=", -0.01,
-               note=f"shipped {shipped.get('alpaca_mean_apgr')}, with MATH rows {math.get('alpaca_mean_apgr')}"),
+               note=f"without {shipped.get('alpaca_mean_apgr')}, with MATH rows {math.get('alpaca_mean_apgr')}"),
     ]
 
 

@@ -6,12 +6,12 @@ the five AlpacaEval sources (APGR on the judge's preferences), and the seven MAT
 weak/strong label there: how well the score ranks level 4-5 problems above level 1-2, AUC).
 Two recipes side by side, fitted the same way (policies/router/train.py, `fit_candidate`):
 
-- `shipped`: the shipped router's candidate (`lr_gated_c0.005`: no MATH rows);
-- `math_levels`: the same plus MATH level 4-5 rows as positives and 1-2 as negatives at weight
-  0.3 (the trainer's `math_weight`), from every MATH type but the held-out one.
+- `without_math`: the shipped router's candidate with no MATH rows (`math_weight` 0);
+- `with_math`: the same with MATH level 4-5 rows as positives and 1-2 as negatives at weight 0.3
+  (the trainer's `math_weight`), from every MATH type but the held-out one.
 
-The shipped router was selected on MMLU and AlpacaEval selection folds only, where the MATH
-signal cost 0.005 APGR (manifest `candidates`); this asks what it does on families never trained on.
+Selection-fold APGR cannot see what MATH rows do (no MATH row has a weak/strong label); this asks
+what they do on families never trained on.
 
     HF_HUB_OFFLINE=1 python bench/router_lofo.py
 """
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,7 +37,7 @@ from policies.router.calibration import random_apgr
 from policies.router.candidates import decision, default_candidates, fit_candidate
 from policies.router.data import default_cache_dir, shared_data_dir
 from policies.router.evaluate import routing_metrics
-from policies.router.train import MATH_SAMPLE, MATH_SEED, Corpus, assemble, load_corpus
+from policies.router.train import MATH_SAMPLE, MATH_SEED, Corpus, assemble, load_corpus, math_level_auc
 
 SEED = 13
 MATH_WEIGHT = 0.3
@@ -69,20 +68,13 @@ def math_types(data: Path) -> np.ndarray:
 def recipes() -> dict[str, Any]:
     manifest = json.loads((default_artifact_dir() / "manifest.json").read_text())
     shipped = next(c for c in default_candidates() if c.name == manifest["model"]["name"])
-    return {"shipped": shipped, "math_levels": dataclasses.replace(shipped, name="math_levels", math_weight=MATH_WEIGHT)}
+    return {"without_math": dataclasses.replace(shipped, name=f"{shipped.name} without MATH rows", math_weight=0.0),
+            "with_math": dataclasses.replace(shipped, name=f"{shipped.name} with MATH rows", math_weight=MATH_WEIGHT)}
 
 
 def without_math_type(c: Corpus, types: np.ndarray, held: str | None) -> Corpus:
     keep = types != held
     return dataclasses.replace(c, math_emb=c.math_emb[keep], math_txt=c.math_txt[keep], math_level=c.math_level[keep])
-
-
-def level_auc(scores: np.ndarray, level: np.ndarray) -> float | None:
-    hard, easy = level >= 4, level <= 2
-    mask = hard | easy
-    if hard[mask].all() or not hard[mask].any():
-        return None
-    return round(float(roc_auc_score(hard[mask], scores[mask])), 4)
 
 
 def _mean(rows: dict[str, dict[str, Any]], prefix: str, key: str) -> float:
@@ -125,7 +117,7 @@ def run() -> dict[str, Any]:
                     held = types == family
                     fitted = fit_candidate(cand, assemble(cand, without_math_type(c, types, family), m_all, a_all), SEED)
                     scores = decision(fitted, c.math_emb[held], c.math_txt[held])
-                    row = {"rows": int(held.sum()), "level45_vs_12_auc": level_auc(scores, c.math_level[held])}
+                    row = {"rows": int(held.sum()), "level45_vs_12_auc": round(math_level_auc(scores, c.math_level[held]), 4)}
                 row["seconds"] = round(time.perf_counter() - began, 1)
                 out[name][f"{source}:{family}"] = row
                 bar.update(1)
