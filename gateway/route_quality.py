@@ -46,6 +46,8 @@ class RouteQuality:
         self.regions = regions
         self.log = log_
         self._digest = regions.digest  # hashed once, not per request
+        # the policy's bounds tied to these regions; as many as the policy has bounds (rules are cached per tenant/app)
+        self._params: dict[QualityBound, QualityBound] = {}
         self._mismatch_logged = False
 
     @property
@@ -54,7 +56,12 @@ class RouteQuality:
 
     def params(self, bound: QualityBound) -> QualityBound:
         """The policy's bound, tied to these regions (a state learnt under other centroids starts again)."""
-        return bound if bound.regions == self._digest else replace(bound, regions=self._digest)
+        tied = self._params.get(bound)
+        if tied is None:
+            tied = bound if bound.regions == self._digest else replace(bound, regions=self._digest)
+            if len(self._params) < 1024:
+                self._params[bound] = tied
+        return tied
 
     def region_of(self, embedding: Any) -> int | None:
         try:

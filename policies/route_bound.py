@@ -39,6 +39,7 @@ saved per tier) are this replica's own and are not part of the fold.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
@@ -90,6 +91,8 @@ class _State:
     disagreed: int = 0
     tightened: int = 0
     loosened: int = 0
+    # the window's disagreeing scores, sorted: the loss at any cut is one bisection, not a pass
+    wrong: list[float] = field(default_factory=list)
     # this replica's traffic (not folded): requests and USD saved against the strong tier, per tier
     requests: dict[str, int] = field(default_factory=lambda: {"cost": 0, "strong": 0})
     saved_usd: float = 0.0
@@ -150,7 +153,7 @@ class RouteBounds:
         """A judged tier answer: the router scored it `score`; the two tiers' answers disagreed or not."""
         with self._lock:
             state = self._state(scope, region, params)
-            state.window.append((float(score), bool(disagree)))
+            self._append(state, float(score), bool(disagree))
             state.observed += 1
             state.disagreed += bool(disagree)
             state.since_move += 1
@@ -206,7 +209,8 @@ class RouteBounds:
             window: deque[tuple[float, bool]] = deque(((float(s), bool(d)) for s, d in raw["window"]), maxlen=self.window)
             states[(str(raw["scope"]), int(raw["region"]))] = _State(
                 params, float(raw["threshold"]), window, since_move=int(raw["since_move"]), observed=int(raw["observed"]),
-                disagreed=int(raw["disagreed"]), tightened=int(raw["tightened"]), loosened=int(raw["loosened"]))
+                disagreed=int(raw["disagreed"]), tightened=int(raw["tightened"]), loosened=int(raw["loosened"]),
+                wrong=sorted(score for score, d in window if d))
         while len(states) > self.max_states:
             states.popitem(last=False)
         with self._lock:
@@ -226,9 +230,21 @@ class RouteBounds:
         return state
 
     @staticmethod
+    def _append(state: _State, score: float, disagree: bool) -> None:
+        """Into the window, the oldest out (and out of the sorted disagreements too)."""
+        window = state.window
+        if window.maxlen is not None and len(window) == window.maxlen:
+            old, was_wrong = window[0]
+            if was_wrong:
+                del state.wrong[bisect.bisect_left(state.wrong, old)]
+        window.append((score, disagree))
+        if disagree:
+            bisect.insort(state.wrong, score)
+
+    @staticmethod
     def _loss(state: _State, threshold: float) -> tuple[int, int]:
         """(disagreements the cost tier would serve at `threshold`, observations)."""
-        return sum(1 for score, d in state.window if d and score < threshold), len(state.window)
+        return bisect.bisect_left(state.wrong, threshold), len(state.window)
 
     def _holds(self, state: _State, threshold: float) -> bool:
         errors, n = self._loss(state, threshold)
@@ -240,7 +256,7 @@ class RouteBounds:
         if errors and not self._holds(state, state.threshold):
             # Toward strong at once: the highest cut (at a disagreeing request's score) where the
             # bound holds, or where no observed disagreement is served by the cost tier any more.
-            cuts = sorted({score for score, d in state.window if d and score < state.threshold}, reverse=True)
+            cuts = sorted(set(state.wrong[: errors]), reverse=True)
             target = cuts[-1]
             for cut in cuts:
                 if self._loss(state, cut)[0] == 0 or self._holds(state, cut):

@@ -60,6 +60,9 @@ class LocalBoundLog:
         self._compact_every = compact_every
         self._lines = 0
         self._fh: Any = None
+        # a write and a compaction (on a worker thread) never interleave: a line written between the
+        # snapshot and the truncation would be lost, one written after close() would fail
+        self._writing = asyncio.Lock()
         self.errors = 0
         self.restored = 0  # observations applied from the log at start (after the snapshot)
 
@@ -93,18 +96,19 @@ class LocalBoundLog:
         self._fh = self.log_path.open("a", encoding="utf-8")
 
     async def record(self, scope: str, region: int, params: QualityBound, score: float, *, disagree: bool) -> None:
-        self.bounds.observe(scope, region, params, score, disagree=disagree)
-        if self._fh is None:
-            return
-        try:
-            self._fh.write(json.dumps(_event(scope, region, params, score, disagree), separators=(",", ":")) + "\n")
-            self._fh.flush()
-            self._lines += 1
-            if self._lines >= self._compact_every:
-                await asyncio.to_thread(self._compact)
-        except OSError as exc:
-            self.errors += 1
-            log.warning("route bound log %s not written: %s", self.log_path, exc)
+        async with self._writing:
+            self.bounds.observe(scope, region, params, score, disagree=disagree)
+            if self._fh is None:
+                return
+            try:
+                self._fh.write(json.dumps(_event(scope, region, params, score, disagree), separators=(",", ":")) + "\n")
+                self._fh.flush()
+                self._lines += 1
+                if self._lines >= self._compact_every:
+                    await asyncio.to_thread(self._compact)
+            except OSError as exc:
+                self.errors += 1
+                log.warning("route bound log %s not written: %s", self.log_path, exc)
 
     def _compact(self) -> None:
         tmp = self.snapshot_path.with_suffix(".tmp")
@@ -116,14 +120,15 @@ class LocalBoundLog:
         self._lines = 0
 
     async def close(self) -> None:
-        if self._fh is None:
-            return
-        try:
-            await asyncio.to_thread(self._compact)
-        except OSError as exc:
-            log.warning("route bound snapshot not written at close: %s", exc)
-        self._fh.close()
-        self._fh = None
+        async with self._writing:
+            if self._fh is None:
+                return
+            try:
+                await asyncio.to_thread(self._compact)
+            except OSError as exc:
+                log.warning("route bound snapshot not written at close: %s", exc)
+            self._fh.close()
+            self._fh = None
 
 
 # Keep a snapshot only when its stream id is later than the stored one's.
@@ -201,7 +206,8 @@ class SharedBoundLog:
         raw = await self._follower.hgetall(self._snapshot_key)
         fields = {_text(k): v for k, v in (raw or {}).items()}
         if "id" in fields and "state" in fields:
-            self.bounds.restore(json.loads(fields["state"]))
+            # off the loop: a snapshot holds up to max_states x window judgements
+            await asyncio.to_thread(lambda: self.bounds.restore(json.loads(fields["state"])))
             self._last_id = _text(fields["id"])
             first = await self._follower.xrange(self._stream, count=1)
             if first and _id_key(_text(first[0][0])) > _id_key(self._last_id):
@@ -226,7 +232,8 @@ class SharedBoundLog:
 
     async def _offer_snapshot(self) -> None:
         self._since_snapshot = 0
-        state = json.dumps(self.bounds.snapshot(), separators=(",", ":"))
+        # off the loop; nothing is applied meanwhile (the follower is the one waiting here)
+        state = await asyncio.to_thread(lambda: json.dumps(self.bounds.snapshot(), separators=(",", ":")))
         await self._client.call("EVAL", _SNAPSHOT_LUA, 1, self._snapshot_key, self._last_id, state)
 
     async def _follow(self) -> None:

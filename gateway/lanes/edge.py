@@ -173,7 +173,8 @@ async def _before(generation: Generation, deadline_at: float, ctx: RequestContex
     """The next event, or an escalation (reason `deadline`) when the attempt is past its deadline: a
     queue or a slow engine must not make the request wait for an answer that may still fail its check."""
     try:
-        return await asyncio.wait_for(generation.__anext__(), max(0.0, deadline_at - time.perf_counter()))
+        async with asyncio.timeout(max(0.0, deadline_at - time.perf_counter())):  # no task per token, as wait_for made
+            return await generation.__anext__()
     except TimeoutError:
         generation.cancel()
         ctx.lane_seconds = time.perf_counter() - started

@@ -221,3 +221,28 @@ def test_judgements_made_under_other_regions_do_not_carry_over() -> None:
     refit = replace(BOUND, regions="bbbb")
     assert bounds.threshold("s", 0, refit) == BOUND.start
     assert Regions.load().digest != "" and len(Regions.load().digest) == 16
+
+
+async def test_judgements_recorded_while_the_log_compacts_are_all_kept(tmp_path: Path) -> None:
+    events = _judgements(600, 6)
+    log = LocalBoundLog(tmp_path, compact_every=50)
+    await log.start()
+    await asyncio.gather(*[log.record(s, r, BOUND, x, disagree=d) for s, r, x, d in events])
+    expected = _thresholds(log.bounds)
+    assert sum(st.observed for st in log.bounds.stats()) == 600
+    again = LocalBoundLog(tmp_path)  # no close: the snapshot and the log's lines after it
+    await again.start()
+    assert _thresholds(again.bounds) == expected
+    assert sum(st.observed for st in again.bounds.stats()) == 600
+    await again.close()
+    await log.close()
+
+
+def test_the_loss_at_a_cut_is_the_count_a_pass_over_the_window_gives() -> None:
+    bounds = RouteBounds(window=50)
+    rng = random.Random(8)
+    for _ in range(400):
+        bounds.observe("s", 0, BOUND, rng.random(), disagree=rng.random() < 0.3)
+    state = bounds._states[("s", 0)]
+    for cut in (0.0, 0.1, 0.37, 0.5, 0.99, 1.5):
+        assert bounds._loss(state, cut) == (sum(1 for x, d in state.window if d and x < cut), 50)
