@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 LONG = SamplingParams(temperature=0.0, max_tokens=48, stop_on_loop=False)
 SHORT = SamplingParams(temperature=0.0, max_tokens=2)
+HOG = SamplingParams(temperature=0.0, max_tokens=400, stop_on_loop=False)  # cancelled once it made its point
 ASK = [{"role": "user", "content": "Write a long story about a cat."}]
 
 
@@ -30,27 +30,31 @@ def small() -> Iterator[EngineRunner]:
     r.close()
 
 
-async def first_token_at(generation) -> float:  # type: ignore[no-untyped-def]
+async def first_token(generation, name: str, order: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Notes `name` in `order` when the generation's first token reaches the loop: the scheduler
+    hands tokens over in the order it makes them, so `order` is the engine's order, on any host."""
     await generation.__anext__()
-    return time.perf_counter()
+    order.append(name)
 
 
 def test_a_free_slot_goes_to_the_tenant_with_fewest_running(small: EngineRunner) -> None:
-    async def scenario() -> tuple[list[float], float]:
+    async def scenario() -> list[str]:
         engine = small.engine
         async for _ in await engine.submit(messages=ASK, params=SHORT, scope="b"):  # b has been about lately
             pass
         hog = [await engine.submit(messages=ASK, params=LONG, scope="a") for _ in range(2)]
         other = await engine.submit(messages=ASK, params=SHORT, scope="b")
-        times = await asyncio.gather(*(first_token_at(g) for g in hog), first_token_at(other))
+        order: list[str] = []
+        await asyncio.gather(first_token(hog[0], "a first", order), first_token(hog[1], "a second", order),
+                             first_token(other, "b", order))
         for g in [*hog, other]:
             g.cancel()
-        return list(times[:2]), times[2]
+        return order
 
-    hog_times, other_time = small.run(scenario())
+    order = small.run(scenario())
     # tenant a may hold one of the two slots while b is about: b's request runs beside a's first
     # and starts before a's second, which waits for a slot of its own tenant's to end
-    assert other_time < max(hog_times)
+    assert order.index("b") < order.index("a second"), order
 
 
 def test_one_tenant_cannot_fill_the_whole_queue(small: EngineRunner) -> None:
@@ -113,25 +117,37 @@ def test_a_tenant_arriving_after_one_filled_the_engine_alone_is_admitted_at_the_
     runner = EngineRunner(EdgeSettings(n_threads=1, prefix_reuse=False, n_ctx=512, slots=2, prefix_slots=0, max_queue=4,
                                        tenant_slot_share=1.0, speculative={"enabled": False}))
     try:
-        async def drained(generation) -> float:  # type: ignore[no-untyped-def]
-            async for _ in generation:
-                pass
-            return time.perf_counter()
-
-        async def scenario() -> tuple[float, list[float]]:
+        async def scenario() -> list[str]:
+            # NOTE: ordered by the engine's own events as the loop reads them (the scheduler hands
+            # them over in the order it makes them), never by wall time: on a fast host a request
+            # ends sooner, on a slow one later, and the order holds on both
             engine = runner.engine
-            hog = [await engine.submit(messages=ASK, params=LONG, scope="alone") for _ in range(2)]
-            ending = [asyncio.ensure_future(drained(g)) for g in hog]  # read as they come, like a client
-            await asyncio.sleep(0.5)  # the hog's second request takes the other slot where it may
-            newcomer = await engine.submit(messages=ASK, params=SHORT, scope="newcomer")  # never seen before
-            arrived = await first_token_at(newcomer)
-            ends = await asyncio.gather(*ending)
-            newcomer.cancel()
-            return arrived, list(ends)
+            order: list[str] = []
+            running = asyncio.Event()
 
-        arrived, ends = runner.run(scenario())
-        # the lone tenant holds one of the two slots (one stays reserved): the newcomer runs at once,
-        # before either of the hog's 48-token requests ends (before: it waited for one of them to end)
-        assert arrived < min(ends)
+            async def read(name: str, generation) -> None:  # type: ignore[no-untyped-def]
+                async for event in generation:
+                    if name == "hog 0" and not running.is_set():
+                        running.set()
+                    if event.finish_reason is not None:
+                        order.append(f"{name} ended ({event.finish_reason}, {event.completion_tokens} tokens)")
+
+            hog = [await engine.submit(messages=ASK, params=HOG, scope="alone") for _ in range(2)]
+            readers = [asyncio.ensure_future(read(f"hog {i}", g)) for i, g in enumerate(hog)]
+            await asyncio.wait_for(running.wait(), 120)  # the hog's first request decodes: it filled the engine
+            newcomer = await engine.submit(messages=ASK, params=SHORT, scope="newcomer")  # never seen before
+            await asyncio.wait_for(newcomer.__anext__(), 120)
+            order.append("newcomer's first token")
+            for g in [*hog, newcomer]:
+                g.cancel()
+            for reader in readers:  # a cancelled generation yields nothing more: stop reading it
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            return order
+
+        order = runner.run(scenario())
+        # the lone tenant holds one of the two slots (one stays reserved): the newcomer runs at the
+        # next step, while the hog's 400-token requests still decode (before: it waited for one to end)
+        assert order[0] == "newcomer's first token", order
     finally:
         runner.close()
