@@ -12,7 +12,9 @@ from gateway.context import RequestContext
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.services import Services
 from policies.policy import Policy
-from policies.trim import LOSSLESS_PASSES, TrimPolicy, TrimResult, trim_request
+from policies.trim import TrimPolicy, TrimResult, trim_request
+from policies.trim.messages import TOOL_ROLES, texts
+from policies.trim.passes import HISTORY_REASON, TOOL_OUTPUT_MARK
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,14 @@ def small_enough_inline(body: dict[str, Any]) -> bool:
     return True
 
 
+def cut_tool_results(result: TrimResult) -> int:
+    """How many tool results the tool_output pass cut (each carries its marker once)."""
+    def marked(messages: list[dict[str, Any]]) -> int:
+        return sum(1 for m in messages if m.get("role") in TOOL_ROLES and TOOL_OUTPUT_MARK in "".join(texts(m)))
+
+    return max(0, marked(result.body["messages"]) - marked(result.source))
+
+
 def _record(ctx: RequestContext, result: TrimResult) -> None:
     ctx.body["messages"] = result.body["messages"]
     ctx.trim_saved = result.nonzero()
@@ -124,9 +134,12 @@ def _record(ctx: RequestContext, result: TrimResult) -> None:
     for name, n in ctx.trim_saved.items():
         ctx.attributes[f"tierlane.trim.tokens_saved.{name}"] = n
     if saved > 0:
+        # NOTE: a budgeted pass is named with what it did, so a client sees a cut it did not ask for
         value = f"applied;saved={saved}"
-        if any(name not in LOSSLESS_PASSES for name in ctx.trim_saved):
-            value += f";dropped={len(result.dropped)}" if result.dropped else ";cut"
+        if ctx.trim_saved.get("history"):
+            value += f";dropped={sum(1 for d in result.dropped if d.reason == HISTORY_REASON)}"
+        if ctx.trim_saved.get("tool_output"):
+            value += f";cut=tool_output:{cut_tool_results(result)}"
         ctx.response_headers[HEADER] = value + (";estimated" if result.estimated else "")
     else:
         ctx.response_headers[HEADER] = "none"

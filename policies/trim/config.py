@@ -42,9 +42,14 @@ class _Pin(StrictSection):
 
 
 class ToolOutputPolicy(StrictSection):
-    """Long tool/function results are cut to a head and a tail around a marker."""
+    """Long tool/function results are cut to a head and a tail around a marker.
 
-    enabled: bool = True
+    NOTE: off by default. A cut result is a file or a command output the model no longer sees
+    whole (an agent's next edit is built on it), and each cut rewrites the provider's cached
+    prefix. Opt in per tenant/app; the results the model has not answered yet are never cut.
+    """
+
+    enabled: bool = False
     max_tokens: int = Field(2048, ge=64, description="longer tool/function results keep head and tail")
     head_tokens: int = Field(1024, ge=0)
     tail_tokens: int = Field(768, ge=0)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.trim.config import PASSES, TrimPolicy
-from policies.trim.messages import TokenCounter, validate_messages
+from policies.trim.messages import TOOL_ROLES, TokenCounter, validate_messages
 from policies.trim.passes import PASS_FUNCTIONS, Dropped, Item
 from policies.trim.report import TrimResult
 
@@ -42,7 +42,12 @@ def trim_request(
     new_body = copy.deepcopy(body)
     source: list[dict[str, Any]] = new_body["messages"]
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    items = [Item(i, m, i == last_user or _pinned(m, policy)) for i, m in enumerate(source)]
+    # the model has seen a tool result once an assistant message follows it
+    answered = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    items = []
+    for i, m in enumerate(source):
+        fixed = _pinned(m, policy)
+        items.append(Item(i, m, fixed or i == last_user, fixed, unseen=i > answered and m["role"] in TOOL_ROLES))
     saved = {name: 0 for name in PASSES}
     dropped: list[Dropped] = []
     passes = _enabled(policy) if policy.enabled else []

@@ -10,6 +10,8 @@ from policies.trim.messages import SYSTEM_ROLES, TOOL_ROLES, TokenCounter, map_t
 from policies.trim.text import collapse_repeats, normalise_whitespace
 
 HISTORY_MARKER = "[tierlane: {n} earlier messages ({tokens} tokens) omitted to fit the context budget]"
+TOOL_OUTPUT_MARK = "tokens of tool output omitted by tierlane"
+HISTORY_REASON = "outside the history budget"
 
 
 @dataclass(slots=True)
@@ -18,7 +20,14 @@ class Item:
 
     index: int  # position in the request's messages; -1 for a marker the trim inserted
     msg: dict[str, Any]
-    pinned: bool  # the last user message and what the policy pins: never changed or dropped
+    pinned: bool  # the last user message and what the policy pins: never cut or dropped
+    # what the policy pins: never changed at all. NOTE: lossless passes rewrite the last user
+    # message like any other (they only touch prose), so a message reads the same in this turn
+    # and in the next, where it is no longer last: the provider's cached prefix stays byte-stable.
+    fixed: bool = False
+    # a tool result the model has not answered yet (after the last assistant message): never cut,
+    # since it is what the model must act on now
+    unseen: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,11 +43,13 @@ class Dropped:
 def _rewrite(items: list[Item], counter: TokenCounter, fn: Any) -> list[Item]:
     out = []
     for item in items:
-        if not item.pinned:
+        # NOTE: tool results are what an agent read (files, command output) and the base of its
+        # next exact-string edit: no lossless pass changes their bytes (only the opt-in budget cut).
+        if not item.fixed and item.msg["role"] not in TOOL_ROLES:
             new = map_texts(item.msg, fn)
             # A rewrite that does not save tokens with this tokenizer is not worth the change.
             if new is not item.msg and counter.message(new) < counter.message(item.msg):
-                item = Item(item.index, new, item.pinned)
+                item = Item(item.index, new, item.pinned, item.fixed, item.unseen)
         out.append(item)
     return out
 
@@ -114,7 +125,7 @@ def _truncate(text: str, policy: TrimPolicy, counter: TokenCounter) -> str:
         head = _cut(text, counter, head_budget, from_end=False) if head_budget else ""
         tail = _cut(text, counter, tail_budget, from_end=True) if tail_budget else ""
         omitted = max(0, total - counter.text(head) - counter.text(tail))
-        out = f"{head.rstrip()}\n[… {omitted} tokens of tool output omitted by tierlane …]\n{tail.lstrip(chr(10))}"
+        out = f"{head.rstrip()}\n[… {omitted} {TOOL_OUTPUT_MARK} …]\n{tail.lstrip(chr(10))}"
         if counter.text(out) <= limit.max_tokens or (head_budget == 0 and tail_budget == 0):
             return out
         head_budget, tail_budget = head_budget * 3 // 4, tail_budget * 3 // 4
@@ -123,10 +134,10 @@ def _truncate(text: str, policy: TrimPolicy, counter: TokenCounter) -> str:
 def tool_output_pass(items: list[Item], policy: TrimPolicy, counter: TokenCounter) -> tuple[list[Item], list[Dropped]]:
     out = []
     for item in items:
-        if item.msg["role"] in TOOL_ROLES and not item.pinned:
+        if item.msg["role"] in TOOL_ROLES and not item.pinned and not item.unseen:
             new = map_texts(item.msg, lambda t: _truncate(t, policy, counter))
             if new is not item.msg and counter.message(new) < counter.message(item.msg):
-                item = Item(item.index, new, item.pinned)
+                item = Item(item.index, new, item.pinned, item.fixed, item.unseen)
         out.append(item)
     return out, []
 
@@ -175,11 +186,11 @@ def history_pass(items: list[Item], policy: TrimPolicy, counter: TokenCounter) -
     drop = [p for p in range(len(items)) if p not in keep]
     if not drop:
         return items, []
-    dropped = [Dropped(items[p].index, roles[p], counter.message(items[p].msg), "outside the history budget") for p in drop]
+    dropped = [Dropped(items[p].index, roles[p], counter.message(items[p].msg), HISTORY_REASON) for p in drop]
     out = [items[p] for p in sorted(keep)]
     saved = sum(d.tokens for d in dropped)
     if policy.history.marker and counter.message(_marker(len(dropped), saved)) < saved:
-        out.insert(sum(1 for p in keep if p < drop[0]), Item(-1, _marker(len(dropped), saved), True))
+        out.insert(sum(1 for p in keep if p < drop[0]), Item(-1, _marker(len(dropped), saved), True, True))
     return out, dropped
 
 

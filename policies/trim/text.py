@@ -1,4 +1,9 @@
-"""Lossless rewrites of one text: whitespace outside code, and collapsed repetition."""
+"""Lossless rewrites of one text: whitespace and collapsed repetition in prose; code passes through.
+
+NOTE: whitespace is meaning in code (Python, YAML, Makefiles, diffs) and in what agents read
+(`cat -n` listings, aligned columns): a text that carries any of it is left byte for byte, not
+only the code inside it, since an agent's next exact-string edit is built on what the model saw.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,29 @@ _RUN = re.compile(r"[ \t]{2,}")
 _BLANK_LINES = re.compile(r"\n{3,}")
 _LINE_MARKER = re.compile(r"^\[previous line repeated \d+ more times\]$")
 PARAGRAPH_MARKER = "[repeated paragraph omitted]"
+# What makes a text code (or a listing, a diff, a table) rather than prose: a tab; a fence or
+# <pre>; an indented line; a line-numbered listing (`cat -n`, Claude Code's Read: "  12\t...",
+# "  12→..."); a unified diff's headers or its lines of indented code; a comment set apart after
+# code; and, on two lines or more, two or more spaces between words where no sentence ends
+# (aligned columns). One such gap alone is a typing slip in prose.
+_CODE = re.compile(
+    r"\t|`{3}|~{3}|<pre\b"
+    r"|^[ ]+\S"
+    r"|^[ ]*\d+(?:→|\|)"
+    r"|^(?:@@ |\+\+\+ |--- |diff --git )"
+    r"|^[+\-][ ]{2,}\S"
+    r"|\S {2,}(?:#|//)",
+    re.MULTILINE | re.IGNORECASE,
+)
+_GAP = re.compile(r"^.*?[^\s.!?:;,] {2,}\S", re.MULTILINE)
+
+
+def carries_code(text: str) -> bool:
+    """Whether `text` holds code, a listing, a diff or a table: then no lossless pass rewrites it."""
+    if _CODE.search(text) is not None:
+        return True
+    gaps = _GAP.finditer(text)
+    return next(gaps, None) is not None and next(gaps, None) is not None
 
 
 def segments(text: str) -> Iterator[tuple[int, int, bool]]:
@@ -67,12 +95,16 @@ def _normalise_free(seg: str, at_line_start: bool, at_text_start: bool, at_text_
 
 
 def normalise_whitespace(text: str) -> str:
-    """Trailing spaces, runs of spaces and blank lines squeezed; code and indentation left alone."""
+    """Trailing spaces, runs of spaces and blank lines squeezed in prose; a text with code is left whole."""
+    if carries_code(text):
+        return text
     return _map_free(text, _normalise_free)
 
 
 def collapse_repeats(text: str, min_repeats: int, min_paragraph_chars: int) -> str:
-    """Runs of identical lines become one line and a count; repeated long paragraphs a marker."""
+    """Runs of identical lines become one line and a count; repeated long paragraphs a marker (prose only)."""
+    if carries_code(text):
+        return text
     seen: set[str] = set()
 
     def collapse(seg: str, at_line_start: bool, at_text_start: bool, at_text_end: bool) -> str:

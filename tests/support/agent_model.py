@@ -60,6 +60,7 @@ class AgentModel:
 
     files: Sequence[str]
     delay_s: float = 0.0  # a model's thinking time per turn (the bench's fixed cost)
+    quote_chars: int | None = None  # the final answer quotes this much of each tool output (None: all)
     requests: list[dict[str, Any]] = field(default_factory=list)
     content_types: list[str] = field(default_factory=list)  # the `content` types seen, by role
 
@@ -80,7 +81,8 @@ class AgentModel:
                              "function": {"name": call.name, "arguments": orjson.dumps(call.arguments).decode()}}
                 return {"role": "assistant", "content": "", "tool_calls": [tool_call]}, "tool_calls"
         if results:
-            return {"role": "assistant", "content": f"{ANSWER_PREFIX} " + " | ".join(r.strip() for r in results[-len(self.files):])}, "stop"
+            quoted = [r.strip()[:self.quote_chars] for r in results[-len(self.files):]]
+            return {"role": "assistant", "content": f"{ANSWER_PREFIX} " + " | ".join(quoted)}, "stop"
         return {"role": "assistant", "content": "OK."}, "stop"
 
     def app(self) -> web.Application:

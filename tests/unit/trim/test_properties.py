@@ -41,10 +41,12 @@ def _check(body: dict[str, Any], section: dict[str, Any], count: Callable[[str],
     assert all(m["role"] in VALID_ROLES for m in out)
     assert [m["role"] for m in real] == [src[i]["role"] for i in kept]
 
-    # The last user message is byte-identical and still the last user message.
+    # The last user message is kept, still the last user message, and changed by lossless passes
+    # alone: exactly as it reads trimmed on its own (so as it will read next turn).
     last_user = max(i for i, m in enumerate(src) if m["role"] == "user")
     assert last_user in kept
-    assert [m for m in real if m["role"] == "user"][-1] == src[last_user]
+    alone = trim_request({"messages": [src[last_user]]}, policy, count).body["messages"][0]
+    assert [m for m in real if m["role"] == "user"][-1] == alone
 
     # The system prompt survives (whitespace aside), first.
     if src[0]["role"] == "system":
@@ -98,3 +100,15 @@ def test_whitespace_normalisation_is_idempotent_and_keeps_code(text: str) -> Non
     once = normalise_whitespace(text)
     assert normalise_whitespace(once) == once
     assert [once[a:b] for a, b, p in segments(once) if p] == [text[a:b] for a, b, p in segments(text) if p]
+
+
+@FAST
+@given(chat_requests(), st.integers(1, 40))
+def test_the_shipped_trim_keeps_the_shared_prefix_of_two_turns_byte_identical(body: dict[str, Any], k: int) -> None:
+    """A conversation trimmed now and trimmed again a turn later (more messages after it) reads the
+    same up to where the first one ended: the provider's cached prefix is never rewritten."""
+    policy = TrimPolicy.from_dict({})
+    messages = body["messages"]
+    now = trim_request({**body, "messages": messages[:k]}, policy, None).body["messages"]
+    later = trim_request(body, policy, None).body["messages"]
+    assert later[:len(now)] == now

@@ -47,7 +47,7 @@ async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Ca
     ctx = _ctx([dict(m) for m in MESSAGES])
     ctx.lane = "edge"
     assert await stage.run(ctx) is None
-    assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi there", "hello", "last  one "]
+    assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi there", "hello", "last one"]
     total = sum(ctx.trim_saved.values())
     assert total > 0 and set(ctx.trim_saved) == {"whitespace", "duplicates"}
     assert ctx.attributes["tierlane.trim.tokens_saved"] == total
@@ -161,9 +161,27 @@ async def test_a_small_request_is_trimmed_on_the_loop_and_a_large_one_on_a_threa
     small.lane = "upstream"
     await stage.run(small)
     assert handed == []  # trimmed without leaving the loop, the same way
-    assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi there", "hello", "last  one "]
+    assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi there", "hello", "last one"]
     assert small.response_headers["x-tierlane-trim"].endswith(";estimated")
     for ctx in (_ctx([user("word  " * 100)]), _ctx([dict(m) for m in MESSAGES])):
         ctx.lane = "edge" if len(ctx.body["messages"]) > 1 else "upstream"  # the engine's tokenizer: a thread
         await stage.run(ctx)
     assert handed == [trim_request, trim_request]
+
+
+async def test_a_budget_cut_of_tool_output_is_named_in_the_header() -> None:
+    policy = Policy.load(extra=yaml.safe_load(
+        "trim: {overrides: [{match: {tenant: t1}, set: {tool_output: {enabled: true, max_tokens: 300, "
+        "head_tokens: 120, tail_tokens: 80}}}]}"))
+    stage = build(_services(policy=policy))
+    assert stage is not None
+    rows = "".join(f"row {i}: value={i * 7}\n" for i in range(3000))
+    messages = [user("q"), tool_call("c1"), {"role": "tool", "tool_call_id": "c1", "content": rows}, assistant("seen"),
+                user("more")]
+    ctx = _ctx([dict(m) for m in messages])
+    await stage.run(ctx)
+    assert ctx.response_headers["x-tierlane-trim"].startswith("applied;saved=")
+    assert ";cut=tool_output:1" in ctx.response_headers["x-tierlane-trim"]
+    other = _ctx([dict(m) for m in messages], tenant="t2")  # not opted in: the result goes whole
+    await stage.run(other)
+    assert other.body["messages"][2]["content"] == rows and other.response_headers["x-tierlane-trim"] == "none"

@@ -26,27 +26,64 @@ def test_shipped_policy_parses_and_keeps_every_turn() -> None:
     assert policy.enabled and policy.history_budget is None
 
 
-def test_whitespace_outside_code_only(edge_count: Callable[[str], int]) -> None:
-    text = f"Fix   this:  \n\n\n\n{CODE}\n\nand   `x  =  1`   too.\n    indented   code  \n\n\n"
+def test_whitespace_squeezed_in_prose(edge_count: Callable[[str], int]) -> None:
+    text = "Fix this.  Then that:  \n\n\n\nand `x  =  1` too.\n\n\n"
     body = {"messages": [system(text), user("go")]}
     out = trim_request(body, _default(), edge_count)
     got = out.body["messages"][0]["content"]
-    assert got == f"Fix this:\n\n{CODE}\n\nand `x  =  1` too.\n    indented   code"
+    assert got == "Fix this. Then that:\n\nand `x  =  1` too."
     assert out.saved["whitespace"] == edge_count(text) - edge_count(got)
     assert not out.estimated
 
 
+# Texts whose whitespace is meaning: each passes every lossless pass byte for byte, with its prose too.
+CODE_TEXTS = {
+    "fenced": f"Fix   this:  \n\n\n\n{CODE}\n\nand   that.  ",
+    "indented": "Run it:\n    indented   code  \n\n\n\nthen   stop.",
+    "read listing": "".join(f"  {n}\t    def bar(self):  \n" for n in range(1509, 1514)),
+    "arrow listing": "     1→import os\n     2→\n     3→x  =  1\n",
+    "python": "def f(a,  b):\n\n\n\n    return  a   \n",
+    "yaml": "trim:\n  enabled: true\n  whitespace:\n    enabled:   true   # comment\n",
+    "makefile": "test:\n\tpytest  -q\n\n\n\nlint:\n\truff check\n",
+    "diff": "diff --git a/x.py b/x.py\n@@ -1,3 +1,3 @@\n-    return  1\n+    return  2\n \n",
+    "columns": "NAME      READY   STATUS\nweb-1     1/1     Running\n",
+    "repeats in code": "for i in x:\n" + "    pass\n" * 5,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CODE_TEXTS))
+def test_text_that_carries_code_passes_byte_for_byte(name: str, edge_count: Callable[[str], int]) -> None:
+    text = CODE_TEXTS[name]
+    body = {"messages": [system(text), user(text), assistant(text), user("next")]}
+    out = trim_request(body, TrimPolicy.from_dict({"boilerplate": {"min_repeats": 2, "min_paragraph_chars": 5}}),
+                       edge_count)
+    assert [m["content"] for m in out.body["messages"][:3]] == [text, text, text]
+
+
+def test_tool_results_are_never_rewritten_by_default(edge_count: Callable[[str], int]) -> None:
+    # Claude Code's Read of a long file: tabs after the line numbers, indentation, over 8 KB
+    listing = "".join(f"{n:>6}\t    def bar(self):  # {'x' * 60}\n" for n in range(1, 400))
+    log = "start\n" + "WARN retrying connection to db-1\n" * 40 + "done.   Bye.  \n\n\n"
+    msgs = [user("read it"), tool_call("c1"), tool_result("c1", listing), assistant("and the log?"),
+            tool_call("c2"), tool_result("c2", log), tool_call("c3"), tool_result("c3", listing)]
+    out = trim_request({"messages": msgs}, _default(), edge_count)
+    assert out.body["messages"] == msgs and out.tokens_saved == 0
+
+
 def test_pre_blocks_are_left_alone() -> None:
     text = "see  <pre>a    b\n\n\n\nc</pre>  end"
-    assert normalise_whitespace(text) == "see <pre>a    b\n\n\n\nc</pre> end"
+    assert normalise_whitespace(text) == text  # and the prose beside it: the text carries code
 
 
-def test_last_user_message_is_never_touched(edge_count: Callable[[str], int]) -> None:
+def test_last_user_message_is_never_dropped_and_reads_as_it_will_next_turn(edge_count: Callable[[str], int]) -> None:
+    # NOTE: the lossless passes rewrite it like any other message: next turn, when it is no longer
+    # last, it reads the same, so the provider's cached prefix stays byte-stable across turns
     last = "  what   about\n\n\n\nthis?  "
-    body = {"messages": [user("hi   there"), assistant("hello"), user(last)]}
+    body = {"messages": [user("hi.  there"), assistant("hello"), user(last)]}
     out = trim_request(body, _default(), edge_count)
-    assert out.body["messages"][-1]["content"] == last
-    assert out.body["messages"][0]["content"] == "hi there"
+    later = trim_request({"messages": [*body["messages"], assistant("that"), user("ok")]}, _default(), edge_count)
+    assert out.body["messages"] == later.body["messages"][:3]
+    assert out.body["messages"][0]["content"] == "hi. there"
 
 
 def test_repeated_system_prompt_and_retried_message_are_dropped(edge_count: Callable[[str], int]) -> None:
@@ -67,23 +104,36 @@ def test_retry_of_the_last_user_message_keeps_the_last_one() -> None:
 
 def test_repeated_lines_collapse_to_a_count(edge_count: Callable[[str], int]) -> None:
     log = "start\n" + "WARN retrying connection to db-1\n" * 40 + "done"
-    body = {"messages": [user("run it"), tool_call("c1"), tool_result("c1", log), user("and?")]}
+    body = {"messages": [user("it said:\n" + log), assistant("odd"), user("and?")]}
     out = trim_request(body, _default(), edge_count)
-    got = out.body["messages"][2]["content"]
-    assert got == "start\nWARN retrying connection to db-1\n[previous line repeated 39 more times]\ndone"
+    got = out.body["messages"][0]["content"]
+    assert got == "it said:\nstart\nWARN retrying connection to db-1\n[previous line repeated 39 more times]\ndone"
     assert out.saved["boilerplate"] > 0 and out.lossless_saved == out.tokens_saved
 
 
-def test_long_tool_output_keeps_head_and_tail(edge_count: Callable[[str], int]) -> None:
+def test_long_tool_output_keeps_head_and_tail_once_the_model_has_seen_it(edge_count: Callable[[str], int]) -> None:
     lines = "".join(f"row {i}: value={i * 7}\n" for i in range(3000))
-    policy = TrimPolicy.from_dict({"tool_output": {"max_tokens": 300, "head_tokens": 120, "tail_tokens": 80}})
-    body = {"messages": [user("q"), tool_call("c1"), tool_result("c1", lines), user("summarise")]}
+    policy = TrimPolicy.from_dict({"tool_output": {"enabled": True, "max_tokens": 300, "head_tokens": 120,
+                                                   "tail_tokens": 80}})
+    body = {"messages": [user("q"), tool_call("c1"), tool_result("c1", lines), assistant("seen"), user("summarise")]}
     out = trim_request(body, policy, edge_count)
     got = out.body["messages"][2]["content"]
     assert edge_count(got) <= 300
-    assert got.startswith("row 0: value=0\n") and got.endswith("row 2999: value=20993")
+    assert got.startswith("row 0: value=0\n") and got.endswith("row 2999: value=20993\n")
     assert "tokens of tool output omitted by tierlane" in got
     assert out.saved["tool_output"] > 0
+
+
+def test_the_budget_cut_is_opt_in_and_never_takes_the_newest_results(edge_count: Callable[[str], int]) -> None:
+    lines = "".join(f"row {i}: value={i * 7}\n" for i in range(3000))
+    msgs = [user("q"), tool_call("c1"), tool_result("c1", lines), assistant("next"), tool_call("c2"),
+            tool_result("c2", lines), user("<system-reminder>go on</system-reminder>")]
+    assert trim_request({"messages": msgs}, _default(), edge_count).body["messages"] == msgs  # off as shipped
+    policy = TrimPolicy.from_dict({"tool_output": {"enabled": True, "max_tokens": 300, "head_tokens": 120,
+                                                   "tail_tokens": 80}})
+    got = trim_request({"messages": msgs}, policy, edge_count).body["messages"]
+    assert "omitted by tierlane" in got[2]["content"]  # answered: the model has seen it whole
+    assert got[5] == msgs[5]  # not answered yet: what the model must act on now
 
 
 def test_history_window_keeps_system_first_and_recent_turns(edge_count: Callable[[str], int]) -> None:

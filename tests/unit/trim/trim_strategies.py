@@ -60,7 +60,8 @@ def chat_requests(draw: Any) -> dict[str, Any]:
 def policies(draw: Any) -> dict[str, Any]:
     """Trim policy sections across the budgets and switches that matter."""
     return {
-        "tool_output": {"max_tokens": draw(st.sampled_from([64, 128, 2048])), "head_tokens": 16, "tail_tokens": 16},
+        "tool_output": {"enabled": draw(st.booleans()), "max_tokens": draw(st.sampled_from([64, 128, 2048])),
+                        "head_tokens": 16, "tail_tokens": 16},
         "history": {"max_tokens": draw(st.sampled_from([None, 40, 120, 400])), "marker": draw(st.booleans())},
         "boilerplate": {"min_paragraph_chars": draw(st.sampled_from([5, 200]))},
         "pin": {"roles": draw(st.sampled_from([[], ["system"]]))},
