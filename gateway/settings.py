@@ -288,6 +288,13 @@ class ResponsesSettings(_Strict):
         "insufficient_quota (store: false, DELETE or expiry make room)")
     max_bytes_per_tenant: int = Field(
         256 * 1024 * 1024, ge=1024, description="bytes of stored responses one tenant may hold (the same 429 past it)")
+    max_bytes_total: int = Field(
+        4 * 1024 * 1024 * 1024, ge=1024, description="bytes of stored responses all tenants together may hold in the "
+        "SQLite store (each distinct input counted once per tenant); a request with store: true past it is a 507 "
+        "response_store_full, checked like the tenant quota (Redis: bounded by its own maxmemory)")
+    reserve_output_bytes: int = Field(
+        64 * 1024, ge=0, description="a request with store: true reserves its body's size plus this, for its answer, "
+        "against the quotas until its record is stored (then its real size counts) or it fails (then it is released)")
 
 
 class ApisSettings(_Strict):

@@ -27,7 +27,7 @@ from gateway.apis.common import (
     read_json,
     sse,
 )
-from gateway.apis.response_store import QuotaExceeded, ResponseStore, StoreFailed
+from gateway.apis.response_store import Limits, Reservation, ResponseStore, StoreFailed
 from gateway.apis.responses_tools import ToolSet
 from gateway.apis.responses_wire import (
     ResponsesRequest,
@@ -66,6 +66,7 @@ class Turn:
     model: str = ""  # the model name the client asked for: what the Response carries
     tools: ToolSet = field(default_factory=ToolSet)  # chat tool name -> the client's tool (custom, namespaced, ...)
     session: str | None = None
+    reservation: Reservation | None = None  # the room admission reserved; settled once the record is stored
 
     def response(self, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
         """The whole Response for a chat answer."""
@@ -93,6 +94,10 @@ class Turn:
             response["store"] = False
             ctx.attributes["tierlane.responses.store_failed"] = True
             ctx.response_headers[STORE_HEADER] = "failed"
+        finally:
+            # settled: the stored record is counted now (at its real size), not the reservation
+            if self.reservation is not None:
+                self.store.release(self.reservation)
 
 
 @dataclass(slots=True)
@@ -289,16 +294,24 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     tenant = request[PRINCIPAL].tenant
     store = _store(request)
     settings = request.app[SETTINGS]
-    server = settings.server
+    reservation = None
     if req.store:
-        used = await store.usage(tenant)
+        # room reserved before any work: the body's size and a bound for the answer, released below
+        # whatever happens (refused, failed, cancelled as the client goes away) unless stored first
         quota = settings.responses
-        if used.records >= quota.max_records_per_tenant or used.bytes >= quota.max_bytes_per_tenant:
-            raise QuotaExceeded(
-                f"tenant {tenant!r} holds {used.records} stored responses ({used.bytes} bytes), its quota "
-                f"(responses.max_records_per_tenant {quota.max_records_per_tenant}, max_bytes_per_tenant "
-                f"{quota.max_bytes_per_tenant}); send store: false, or DELETE responses no longer needed",
-                param="store")
+        reservation = await store.reserve(
+            tenant, len(orjson.dumps(raw)) + quota.reserve_output_bytes,
+            Limits(quota.max_records_per_tenant, quota.max_bytes_per_tenant, quota.max_bytes_total))
+    try:
+        return await _create(request, req, raw, tenant, store, reservation)
+    finally:
+        if reservation is not None:
+            store.release(reservation)
+
+
+async def _create(request: web.Request, req: ResponsesRequest, raw: dict[str, Any], tenant: str, store: ResponseStore,
+                  reservation: Reservation | None) -> web.StreamResponse:
+    server = request.app[SETTINGS].server
     context: list[dict[str, Any]] = []
     previous = None
     if req.previous_response_id is not None:
@@ -315,7 +328,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "(server.max_body_bytes); start a new conversation or send a shorter one", param="previous_response_id")
     session = _session(request, req, previous)
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
-                store=store if req.store else None, model=req.model, tools=tools, session=session)
+                store=store if req.store else None, model=req.model, tools=tools, session=session,
+                reservation=reservation)
     ctx = chat_context(request, body, "responses", dropped, session=session)
     return await serve(request, ctx, ResponsesWire(turn))
 
