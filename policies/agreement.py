@@ -132,3 +132,45 @@ def judge(ours: str, theirs: str) -> Verdict | None:
     if a.kind == "number":
         return "agree" if _same_number(a.value, b.value) else "disagree"
     return "agree" if a.value == b.value else "disagree"
+
+
+def _call_key(call: Any) -> tuple[str, Any] | None:
+    """(name, arguments parsed) of one chat tool call; None where it is not one."""
+    if not isinstance(call, dict):
+        return None
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return None
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = arguments.strip()  # not JSON (a freeform tool's input): compared as text
+    return function["name"], json.dumps(_canonical(arguments), sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON value with every number as a float (20 and 20.0 are one value), recursively."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def judge_calls(ours: Any, theirs: Any) -> Verdict | None:
+    """Whether two answers that call tools agree: the same calls by tool name and arguments, the
+    arguments compared as parsed JSON values (key order and spacing aside), the calls as a multiset
+    (parallel calls may come in either order). None when neither answer calls a tool; `disagree`
+    when one does and the other does not."""
+    a = [c for c in ours if isinstance(c, dict)] if isinstance(ours, list) else []
+    b = [c for c in theirs if isinstance(c, dict)] if isinstance(theirs, list) else []
+    if not a and not b:
+        return None
+    keys_a, keys_b = [_call_key(c) for c in a], [_call_key(c) for c in b]
+    if None in keys_a or None in keys_b:
+        return "disagree"
+    return "agree" if sorted(keys_a) == sorted(keys_b) else "disagree"  # type: ignore[type-var]

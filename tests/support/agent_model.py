@@ -63,6 +63,7 @@ class AgentModel:
     quote_chars: int | None = None  # the final answer quotes this much of each tool output (None: all)
     requests: list[dict[str, Any]] = field(default_factory=list)
     content_types: list[str] = field(default_factory=list)  # the `content` types seen, by role
+    raw: list[bytes] = field(default_factory=list)  # each request body as it came over the wire
 
     def reply(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for one chat request."""
@@ -96,8 +97,10 @@ class AgentModel:
                                                               "owned_by": "tests"}]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = orjson.loads(raw)
         self.requests.append(body)
+        self.raw.append(raw)
         message, finish = self.reply(body)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -66,3 +66,23 @@ def test_the_shadow_hook_judges_checkable_answers_by_their_results_before_simila
 def test_whitespace_runs_are_read_in_one_pass(text):
     """Judgements run on the event loop (the shadow hook): no pattern may backtrack over a long run."""
     assert final_answer(text) is None
+
+
+def _call(name: str, arguments: str, ident: str = "call_1") -> dict:
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_tool_calls_agree_by_name_and_argument_values() -> None:
+    from policies.agreement import judge_calls
+
+    ours = [_call("Read", '{"file_path": "a.py", "limit": 20}')]
+    assert judge_calls(ours, [_call("Read", '{"limit":20,  "file_path":"a.py"}', "call_9")]) == "agree"
+    assert judge_calls(ours, [_call("Read", '{"file_path": "b.py", "limit": 20}')]) == "disagree"
+    assert judge_calls(ours, [_call("Grep", '{"file_path": "a.py", "limit": 20}')]) == "disagree"
+    assert judge_calls(ours, [_call("Read", '{"file_path": "a.py", "limit": 20.0}')]) == "agree"  # one value
+    assert judge_calls(ours, []) == "disagree"  # one calls a tool, the other answers
+    assert judge_calls([], None) is None  # neither calls one: the text decides
+    both = [_call("Read", '{"file_path": "a.py"}'), _call("Bash", '{"command": "ls"}', "call_2")]
+    assert judge_calls(both, list(reversed(both))) == "agree"  # parallel calls in either order
+    assert judge_calls([_call("apply_patch", "*** Begin Patch")], [_call("apply_patch", "*** Begin Patch ")]) == "agree"
+    assert judge_calls([{"function": {}}], ours) == "disagree"
