@@ -15,7 +15,9 @@ sessions run interleaved, 4 and then 8 at a time, every request streamed, its se
 `x-tierlane-session` as agents' own keys do. Compared, side by side in one run:
 `least_outstanding` (the pool before), `round_robin`, `prefix_affinity` (the default), and at 4 in
 flight also prefix affinity without session keys and two gateway replicas taking a session's
-turns in turn. Reported per run: TTFT p50/p90 (to the first content), requests per second, the
+turns in turn. Reported per run: TTFT p50/p90 (to the first content), overall and apart for
+sessions' first turns (a cold prompt wherever it lands) and their later turns (what affinity keeps
+warm), requests per second, the
 servers' own cached-prompt share (their `llamacpp:prompt_tokens_cached_total` against the tokens
 they processed), requests per member (`x-tierlane-upstream`).
 
@@ -249,7 +251,10 @@ def summarise(out: dict[str, Any], before: list[dict[str, float]], after: list[d
     results = out["results"]
     ok = [r for r in results if r["status"] == 200]
     ttft = [r["ttft_s"] * 1000 for r in ok]
-    later = [r["ttft_s"] * 1000 for r in ok if r.get("turn", 0) > 0]  # a session's later turns: what affinity can keep warm
+    # a session's first turn (a cold prompt, wherever it goes) apart from its later turns (what affinity can keep
+    # warm): single-turn workloads carry no turn, and count as neither
+    first = [r["ttft_s"] * 1000 for r in ok if r.get("turn") == 0]
+    later = [r["ttft_s"] * 1000 for r in ok if r.get("turn", 0) > 0]
     members = Counter(r["member"] for r in ok)
     delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
     processed = sum(d.get("prompt_tokens_total", 0.0) for d in delta)
@@ -266,6 +271,10 @@ def summarise(out: dict[str, Any], before: list[dict[str, float]], after: list[d
         "ttft_p50_ms": round(pct(ttft, 0.5), 1),
         "ttft_p90_ms": round(pct(ttft, 0.9), 1),
         "ttft_mean_ms": round(statistics.fmean(ttft), 1) if ttft else None,
+        "first_turns": len(first),
+        "first_turns_ttft_p50_ms": round(pct(first, 0.5), 1) if first else None,
+        "first_turns_ttft_p90_ms": round(pct(first, 0.9), 1) if first else None,
+        "later_turns": len(later),
         "later_turns_ttft_p50_ms": round(pct(later, 0.5), 1) if later else None,
         "later_turns_ttft_p90_ms": round(pct(later, 0.9), 1) if later else None,
         "server_prompt_tokens": int(processed + cached),
@@ -398,7 +407,9 @@ def main() -> int:
                                      lambda urls, n=n, s=with_session, bar=bar: run_sessions(urls, plans, n, s, bar),
                                      replicas=replicas)
             r = runs[name]
-            tqdm.write(f"{name}: ttft p50 {r['ttft_p50_ms']} ms p90 {r['ttft_p90_ms']} ms, {r['requests_per_s']} req/s, "
+            tqdm.write(f"{name}: ttft p50 {r['ttft_p50_ms']} ms p90 {r['ttft_p90_ms']} ms (first turns "
+                       f"{r['first_turns_ttft_p50_ms']}/{r['first_turns_ttft_p90_ms']}, later turns "
+                       f"{r['later_turns_ttft_p50_ms']}/{r['later_turns_ttft_p90_ms']}), {r['requests_per_s']} req/s, "
                        f"cached share {r['server_cached_prompt_share']}, per member {r['requests_per_member']}")
         no_shared: dict[str, Any] = {}
         for policy in ("least_outstanding", "prefix_affinity", "least_outstanding", "prefix_affinity"):
@@ -423,6 +434,9 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
         comparison[str(n)] = {
             "ttft_p90_ratio_vs_least_outstanding": round(pa["ttft_p90_ms"] / base["ttft_p90_ms"], 4),
             "ttft_p50_ratio_vs_least_outstanding": round(pa["ttft_p50_ms"] / base["ttft_p50_ms"], 4),
+            "first_turns_ttft_p50_ratio_vs_least_outstanding": round(pa["first_turns_ttft_p50_ms"] / base["first_turns_ttft_p50_ms"], 4),
+            "first_turns_ttft_p90_ratio_vs_least_outstanding": round(pa["first_turns_ttft_p90_ms"] / base["first_turns_ttft_p90_ms"], 4),
+            "later_turns_ttft_p50_ratio_vs_least_outstanding": round(pa["later_turns_ttft_p50_ms"] / base["later_turns_ttft_p50_ms"], 4),
             "later_turns_ttft_p90_ratio_vs_least_outstanding": round(pa["later_turns_ttft_p90_ms"] / base["later_turns_ttft_p90_ms"], 4),
             "throughput_ratio_vs_least_outstanding": round(pa["requests_per_s"] / base["requests_per_s"], 4),
             "throughput_ratio_vs_round_robin": round(pa["requests_per_s"] / rr["requests_per_s"], 4),
@@ -449,7 +463,10 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
         "two_replicas": {
             "cached_share_one": one["server_cached_prompt_share"], "cached_share_two": two["server_cached_prompt_share"],
             "ratio": round(two["server_cached_prompt_share"] / one["server_cached_prompt_share"], 4),
-            "how": "stable block hashes; a session new to a replica goes to its rendezvous-hash member",
+            "ttft_ms": {which: {f"{part}_p{q}": run[f"{part}_ttft_p{q}_ms"] for part in ("first_turns", "later_turns")
+                                for q in (50, 90)} for which, run in (("one", one), ("two", two))},
+            "how": "stable block hashes; every replica walks a session's rendezvous ranking of (tenant, session), "
+                   "skipping members over the load bound read from the servers' scraped load; nothing pinned",
         },
         "no_shared_prefix": {
             "requests_per_run": unique, "in_flight": 4, "runs_per_policy": len(no_shared["least_outstanding"]),

@@ -141,12 +141,13 @@ def _call_key(call: Any) -> tuple[str, Any] | None:
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         return None
-    arguments = function.get("arguments")
+    arguments: Any = function.get("arguments")
     if isinstance(arguments, str):
+        text = arguments.strip()
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = json.loads(text) if text else {}
         except ValueError:
-            arguments = arguments.strip()  # not JSON (a freeform tool's input): compared as text
+            arguments = text  # not JSON (a freeform tool's input): compared as text
     return function["name"], json.dumps(_canonical(arguments), sort_keys=True, ensure_ascii=False, default=str)
 
 

@@ -75,7 +75,8 @@ async def answer(
         inject_trace(headers)
     pool_name = ctx.pool or "default"
     # the prompt's prefix blocks and the session: the pool sends the request where they are cached
-    affinity = key_for(body, ctx.session) if pool.wants_affinity(pool_name) else None
+    # keyed by tenant too: one tenant's session name or prompt never lands on another's member state
+    affinity = key_for(body, ctx.session, tenant=ctx.principal.tenant) if pool.wants_affinity(pool_name) else None
     started = time.perf_counter()
     try:
         reply = await pool.send(

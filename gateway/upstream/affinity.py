@@ -9,23 +9,36 @@ to the one before (so a hash stands for the whole prefix up to it), an LRU of th
 sized by the member's KV capacity (it forgets what the server will have evicted). A request goes
 to the member with the longest matched prefix, weighed against load (vLLM production-stack's
 score: matched share - LOAD_WEIGHT x relative load), never to a member with more than
-`max_load_ratio` times the least-loaded one's outstanding requests (plus one); with no match it is
-least-outstanding as before. A session key pins a conversation to its member while that member
-takes requests and is within the same load bound.
+`max_load_ratio` times the least-loaded one's load (plus one); with no match it is the least
+loaded member. The chain of block hashes starts from the request's tenant, so one tenant's prompt
+never matches what another tenant sent (the member named in `x-tierlane-upstream` says nothing of
+other tenants' prompts; a prefix two tenants share is no longer steered to one member for both).
 
-Replicas of the gateway agree without talking: each keeps its own index, but the hashes are
-stable (blake2b, not Python's per-process hash) and a session the replica has not seen yet goes
-to the member its rendezvous hash names (vLLM production-stack's session mode) while that member
-is within the load bound, so a session's turns spread over two replicas meet on one member; a
-prompt with no session and no match goes to the least loaded member, ties broken by the rendezvous hash of its first block. A shared index
-(Valkey) would add a round trip to every request for what the hash gives for free. Measured in
-bench/prefix_affinity.py: two replicas reach 0.82x one replica's cached share; what they lose is a
-session one replica moved off a member over the load bound and pinned elsewhere while the other
-keeps sending it to its hash member (walking the rendezvous ranking instead of pinning would keep
-them together; not done).
-A member's load is the gateway's own outstanding requests, or the server's running plus waiting
-requests where its metrics are scraped and higher (`server_load.py`: other clients and other
-gateway replicas count too).
+Sessions are not pinned anywhere. A session is keyed by (tenant, session name) and walks that
+key's rendezvous ranking of the members (vLLM production-stack's session mode, with the fallback
+order made explicit): it goes to the first member of the ranking that takes requests and is within
+the load bound. Nothing about the session is remembered, so every gateway replica makes the same
+choice from the same inputs: a member over the bound is skipped by every replica that sees it over
+the bound, the session goes to the next member of its ranking there, and the turn after the member
+is back within the bound (or its breaker closes again) goes to it again, on every replica alike.
+A tenant naming its session like another tenant's lands on its own ranking and moves nothing.
+
+The load the bound and the choice read is what every replica reads alike: the server's own running
+plus waiting requests where its metrics are scraped (`metrics_url`, `server_load.py`: other
+clients and other replicas count too) and the reading is current; the replica's own outstanding
+requests to a member only break ties between members of equal scraped load. A member without
+metrics (or whose reading went stale) has only each replica's own outstanding count to go by:
+replicas then agree while each sees the member within the bound, and a replica whose own requests
+put it over the bound sends that one turn elsewhere while the others do not; since nothing is
+pinned, the session's next turn on that replica goes back as soon as its count falls, so they part
+for a turn at a time, never for the rest of the session. Scrapes are per replica and every
+`metrics_interval_s`: two replicas may read a member's load an interval apart, and a burst a
+replica sends within one interval is seen by the bound only at the next scrape.
+
+Measured in bench/prefix_affinity.py (before this walk): two replicas reached 0.82x one replica's
+cached share, lost to sessions one replica moved off a member over the bound and pinned elsewhere
+while the other kept sending them to their hash member. A shared index (Valkey) would add a round
+trip to every request for what the hash gives for free.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -44,7 +57,6 @@ MAX_BLOCKS = 4096  # the first 1 MiB of a prompt is indexed; beyond, matching it
 CHARS_PER_TOKEN = 4
 LOAD_WEIGHT = 0.5  # how much a member's relative load weighs against its matched prefix share
 KV_FULL = 0.9  # a member's KV use (where its metrics say) above which an unmatched prompt goes elsewhere if it can
-MAX_SESSIONS = 65_536  # sessions remembered per pool (LRU)
 
 
 class Member(Protocol):
@@ -52,10 +64,24 @@ class Member(Protocol):
     def name(self) -> str: ...
 
     @property
-    def load(self) -> int: ...
+    def shared_load(self) -> int:
+        """The load every replica reads alike: the server's scraped requests, else this replica's own outstanding."""
+        ...
+
+    @property
+    def inflight(self) -> int:
+        """This replica's own outstanding requests to the member: a tie-breaker only."""
+        ...
 
     @property
     def kv_usage(self) -> float: ...
+
+
+class SessionKey(NamedTuple):
+    """One conversation: its tenant and the name the client gave it (two tenants' names never meet)."""
+
+    tenant: str | None
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +89,7 @@ class AffinityKey:
     """What the balancer reads of one request: its prompt's chained block hashes and its session."""
 
     blocks: tuple[int, ...] = ()
-    session: str | None = None
+    session: SessionKey | None = None
 
 
 def prompt_text(body: Mapping[str, Any], limit: int = MAX_BLOCKS * BLOCK_CHARS) -> str:
@@ -93,22 +119,39 @@ def prompt_text(body: Mapping[str, Any], limit: int = MAX_BLOCKS * BLOCK_CHARS) 
     return "\x1e".join(parts)[:limit]
 
 
-def key_for(body: Mapping[str, Any], session: str | None) -> AffinityKey:
-    """The chained hashes of the prompt's whole blocks (a partial last block is left out: it changes)."""
+def key_for(body: Mapping[str, Any], session: str | None, tenant: str | None = None) -> AffinityKey:
+    """The chained hashes of the prompt's whole blocks (a partial last block is left out: it changes),
+    the chain salted with `tenant` (a tenant's prompt never matches another's), and the session as
+    (tenant, name). Without a tenant the chain is unsalted: the same hashes as every replica before."""
     text = prompt_text(body)
     whole = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
     blocks: list[int] = []
-    previous = b""
+    previous = b"" if tenant is None else hashlib.blake2b(orjson.dumps(["tenant", tenant]), digest_size=8).digest()
     for i in range(whole):
         previous = hashlib.blake2b(previous + text[i * BLOCK_CHARS:(i + 1) * BLOCK_CHARS].encode(), digest_size=8).digest()
         blocks.append(int.from_bytes(previous))
-    return AffinityKey(tuple(blocks), session)
+    return AffinityKey(tuple(blocks), None if session is None else SessionKey(tenant, session))
+
+
+def _weight(anchor: bytes, member: Member) -> bytes:
+    return hashlib.blake2b(anchor + b"\x1f" + member.name.encode(), digest_size=8).digest()
+
+
+def ranking(anchor: bytes, members: Sequence[Member]) -> list[Member]:
+    """`members` by the hash of (anchor, name), highest first: the same order on every gateway replica, and
+    a member that leaves or comes back moves only the anchors it heads."""
+    return sorted(members, key=lambda m: _weight(anchor, m), reverse=True)
+
+
+def session_anchor(session: SessionKey) -> bytes:
+    """A session's rendezvous anchor: its tenant and name as a structure, never joined (no two keys collide)."""
+    return orjson.dumps(["session", session.tenant, session.name])
 
 
 def rendezvous(anchor: str, members: Sequence[Member]) -> Member:
     """The member with the highest hash of (anchor, its name): the same on every gateway replica, and
     a member that leaves moves only its own anchors."""
-    return max(members, key=lambda m: hashlib.blake2b(f"{anchor}\x1f{m.name}".encode(), digest_size=8).digest())
+    return max(members, key=lambda m: _weight(anchor.encode(), m))
 
 
 class PrefixIndex:
@@ -144,15 +187,20 @@ class PrefixIndex:
 
 @dataclass
 class Balancer:
-    """The members' prefix indexes and the sessions' members, for one pool."""
+    """The members' prefix indexes, for one pool (sessions are walked, never remembered)."""
 
     mode: str = "prefix_affinity"  # prefix_affinity | session | least_outstanding | round_robin
     max_load_ratio: float = 2.0
     indexes: dict[str, PrefixIndex] = field(default_factory=dict)
-    sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
-    hits: int = 0  # requests sent where a prefix or the session was found
+    hits: int = 0  # requests sent where a prefix was found (for a session: on the member its walk picked)
     picks: int = 0
     _turn: int = 0  # round_robin's position
+
+    def within_bound(self, candidates: Sequence[Member]) -> list[Member]:
+        """The members within `max_load_ratio` x the least loaded one's shared load (plus one): the same
+        members on every replica that reads the same scraped loads."""
+        least = min(m.shared_load for m in candidates)
+        return [m for m in candidates if m.shared_load <= self.max_load_ratio * least + 1] or list(candidates)
 
     def choose(self, candidates: Sequence[Member], key: AffinityKey | None) -> Member:
         """The member for a request among `candidates` (non-empty: those with a closed breaker, not yet tried)."""
@@ -160,33 +208,32 @@ class Balancer:
         if self.mode == "round_robin":
             self._turn += 1
             return candidates[self._turn % len(candidates)]
-        least = min(m.load for m in candidates)
-        allowed = [m for m in candidates if m.load <= self.max_load_ratio * least + 1] or list(candidates)
+        allowed = self.within_bound(candidates)
+        least = min(m.shared_load for m in allowed)
         if key is not None and self.mode != "least_outstanding":
             if key.session is not None:
-                pinned = self.sessions.get(key.session)
-                if pinned is None:
-                    # a session new to this replica goes where every replica sends it, load permitting
-                    target = rendezvous(key.session, candidates)
-                    if target in allowed:
-                        return target
-                for member in allowed:
-                    if member.name == pinned:
-                        self.hits += 1
-                        return member
+                # the first member of the session's ranking within the bound: every replica walks the same one
+                allowed_ids = {id(m) for m in allowed}
+                member = next(m for m in ranking(session_anchor(key.session), candidates) if id(m) in allowed_ids)
+                if key.blocks and self._matched(member, key.blocks) > 0:
+                    self.hits += 1
+                return member
             if self.mode == "prefix_affinity" and key.blocks:
-                busiest = max(1, max(m.load for m in allowed))
-                scored = [(self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (m.load - least) / busiest, m)
+                busiest = max(1, max(m.shared_load for m in allowed))
+                scored = [(self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (m.shared_load - least) / busiest, m)
                           for m in allowed]
                 best_score = max(score for score, _ in scored)
                 best = [m for score, m in scored if score == best_score]
                 if self._matched(best[0], key.blocks) > 0:
                     self.hits += 1
+                    fewest_own = min(m.inflight for m in best)  # own outstanding: the tie-breaker
+                    best = [m for m in best if m.inflight == fewest_own]
                     return best[0] if len(best) == 1 else rendezvous(str(key.blocks[0]), best)
-        lightest = min(m.load for m in allowed)
-        fewest = [m for m in allowed if m.load == lightest]
+        fewest = [m for m in allowed if m.shared_load == least]
         # a new prefix evicts others where the KV cache is full: members with room first (scraped KV use)
         fewest = [m for m in fewest if m.kv_usage < KV_FULL] or fewest
+        fewest_own = min(m.inflight for m in fewest)  # own outstanding: the tie-breaker
+        fewest = [m for m in fewest if m.inflight == fewest_own]
         if len(fewest) > 1 and key is not None and key.blocks:
             return rendezvous(str(key.blocks[0]), fewest)
         return random.choice(fewest)
@@ -196,7 +243,7 @@ class Balancer:
         return index.matched(blocks) if index is not None else 0
 
     def record(self, member: Member, key: AffinityKey | None, capacity_tokens: int) -> None:
-        """`member` was sent the request: its prefix is in that member's cache now, the session is its."""
+        """`member` was sent the request: its prefix is in that member's cache now."""
         if key is None or self.mode in ("least_outstanding", "round_robin"):
             return
         if key.blocks:
@@ -204,12 +251,8 @@ class Balancer:
             if index is None:
                 index = self.indexes[member.name] = PrefixIndex(capacity_tokens * CHARS_PER_TOKEN // BLOCK_CHARS)
             index.add(key.blocks)
-        if key.session is not None:
-            self.sessions[key.session] = member.name
-            self.sessions.move_to_end(key.session)
-            while len(self.sessions) > MAX_SESSIONS:
-                self.sessions.popitem(last=False)
 
     def forget(self, member: Member) -> None:
-        """A member that left (its breaker opened): its cache is not to be counted on."""
+        """A member that left (its breaker opened): its cache is not to be counted on. Its sessions walk on
+        to the next member of their ranking while it is away, and come back to it when it is back."""
         self.indexes.pop(member.name, None)

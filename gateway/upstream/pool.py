@@ -101,6 +101,13 @@ class Upstream:
         return self.inflight if server is None else max(self.inflight, server.requests)
 
     @property
+    def shared_load(self) -> int:
+        """What every gateway replica reads alike: the server's own count where scraped and current, else
+        (no metrics, or stale) this replica's outstanding requests. The balancer's load bound reads this."""
+        server = current(self.server_load, self.settings.metrics_interval_s)
+        return self.inflight if server is None else server.requests
+
+    @property
     def kv_usage(self) -> float:
         server = current(self.server_load, self.settings.metrics_interval_s)
         return 0.0 if server is None or server.kv_usage is None else server.kv_usage
@@ -366,7 +373,7 @@ class UpstreamPool:
             if upstream.breaker.opened_at is not None:
                 balancer = self._balancers.get(upstream.settings.pool)
                 if balancer is not None:
-                    balancer.forget(upstream)  # a member that left: its cache is not counted on (sessions move)
+                    balancer.forget(upstream)  # a member that left: its cache is not counted on (its sessions walk on)
                 if self._wake is not None:
                     self._wake.set()  # the watcher schedules this breaker's probe
 
@@ -385,8 +392,9 @@ class UpstreamPool:
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
 
-        `affinity` (the prompt's prefix blocks and session) lets a pool's balancer pick the member
-        that holds them; the member a request went to remembers them. `session` goes as
+        `affinity` (the prompt's tenant-salted prefix blocks and its (tenant, session)) lets a pool's
+        balancer pick the member that holds them; the member a request went to is noted as holding its
+        prefix (a session is not pinned: every replica walks its ranking alike). `session` goes as
         `prompt_cache_key` to members that take one.
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass
 
 import httpx
 
-from gateway.upstream.affinity import BLOCK_CHARS, AffinityKey, Balancer, PrefixIndex, key_for
+from gateway.settings import Settings
+from gateway.upstream.affinity import (
+    BLOCK_CHARS,
+    AffinityKey,
+    Balancer,
+    PrefixIndex,
+    SessionKey,
+    key_for,
+    ranking,
+    session_anchor,
+)
+from gateway.upstream.pool import Upstream, UpstreamPool
+from gateway.upstream.server_load import ServerLoad
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
 from tests.support.faults import Recorder, fault_app
@@ -16,12 +30,18 @@ SYSTEM = "You are a coding agent. " * 120  # ~2.9k characters: 11 whole blocks s
 
 @dataclass
 class M:
+    """A member without metrics: its shared load is this replica's own outstanding count."""
+
     name: str
     inflight: int = 0
     kv_usage: float = 0.0
 
     @property
     def load(self) -> int:
+        return self.inflight
+
+    @property
+    def shared_load(self) -> int:
         return self.inflight
 
 
@@ -49,7 +69,7 @@ def test_the_index_matches_leading_blocks_and_forgets_the_least_recently_sent():
     assert len(index) == 20 and index.matched(blocks) < 10
 
 
-def test_the_balancer_follows_the_prefix_within_the_load_bound_and_pins_sessions():
+def test_the_balancer_follows_the_prefix_within_the_load_bound_and_walks_sessions_without_pinning():
     a, b = M("a"), M("b")
     balancer = Balancer()
     key = key_for(turn(1), None)
@@ -61,19 +81,23 @@ def test_the_balancer_follows_the_prefix_within_the_load_bound_and_pins_sessions
     assert balancer.choose([a, b], key_for(turn(2), None)) is b  # within the bound: the prefix wins
     picked = {balancer.choose([a, b], AffinityKey()).name for _ in range(20)}
     assert picked == {"a"}  # nothing to match: least outstanding
-    session = AffinityKey(session="s1")
-    balancer.record(a, session, capacity_tokens=100_000)
-    a.inflight, b.inflight = 1, 0
-    assert balancer.choose([a, b], session) is a
+    session = AffinityKey(session=SessionKey("t", "s1"))
     b.inflight = 0
-    a.inflight = 3  # beyond the bound: the session goes elsewhere, and stays there
+    home = balancer.choose([a, b], session)
+    other = b if home is a else a
+    balancer.record(home, session, capacity_tokens=100_000)
+    home.inflight, other.inflight = 1, 0
+    assert balancer.choose([a, b], session) is home  # within the bound: its member
+    home.inflight = 3  # beyond the bound: the session goes to the next member of its ranking...
     moved = balancer.choose([a, b], session)
-    assert moved is b
+    assert moved is other
     balancer.record(moved, session, capacity_tokens=100_000)
-    a.inflight = 0
-    assert balancer.choose([a, b], session) is b
+    home.inflight = 0
+    assert balancer.choose([a, b], session) is home  # ...and back once its member is within the bound: nothing pinned
     balancer.forget(b)
     assert balancer.choose([a, b], key_for(turn(2), None)).name in ("a", "b")
+    assert Balancer(mode="least_outstanding").choose([a, b], key_for(turn(2), None)) in (a, b)
+    a.inflight = 1
     assert Balancer(mode="least_outstanding").choose([a, b], key_for(turn(2), None)) is b
 
 
@@ -132,3 +156,137 @@ def test_round_robin_takes_the_members_in_turn():
     balancer = Balancer(mode="round_robin")
     members[0].inflight = 9  # load does not matter to it
     assert [balancer.choose(members, None).name for _ in range(6)] == ["b", "c", "a", "b", "c", "a"]
+
+
+# -- gateway replicas that agree without talking --------------------------------------------------
+MEMBERS = ("gpu0", "gpu1", "gpu2")
+
+
+def _replica() -> UpstreamPool:
+    """One gateway replica's pool of three members with metrics (never started: the test sets the readings)."""
+    settings = Settings.load(env={}, overrides={"upstreams": [
+        upstream_cfg(name, f"http://127.0.0.1:{9 + i}/v1", models=["m"], metrics_url=f"http://127.0.0.1:{9 + i}/metrics",
+                     metrics_interval_s=3600, breaker_failures=1) for i, name in enumerate(MEMBERS)]})
+    return UpstreamPool(settings)
+
+
+def _member(pool: UpstreamPool, name: str) -> Upstream:
+    return next(u for u in pool._by_pool["default"] if u.name == name)
+
+
+def _scraped(replicas: tuple[UpstreamPool, ...], requests: dict[str, int]) -> None:
+    """The same reading of every member's server on every replica (what each scrapes from /metrics)."""
+    at = time.monotonic()
+    for pool in replicas:
+        for upstream in pool._by_pool["default"]:
+            upstream.server_load = ServerLoad(requests.get(upstream.name, 0), 0, None, at)
+
+
+def _send(pool: UpstreamPool, key: AffinityKey) -> str:
+    """The member a replica's pool sends a request to (as `send` picks it), and what it notes."""
+    balancer = pool.balancer("default")
+    assert balancer is not None
+    chosen = pool._pick(pool._by_pool["default"], "m", set(), (), balancer, key)
+    assert chosen is not None
+    balancer.record(chosen, key, chosen.settings.kv_capacity_tokens)
+    return chosen.name
+
+
+def _key(s: int, n: int) -> AffinityKey:
+    return key_for(turn(n, system=f"agent {s} " * 60), f"session-{s}")
+
+
+def test_two_replicas_fed_the_same_scraped_loads_keep_every_turn_of_a_session_on_one_member():
+    replicas = (_replica(), _replica())
+    rng = random.Random(7)
+
+    def own_counts() -> None:  # each replica counts only its own requests: they differ, and must not matter
+        for pool in replicas:
+            for name in MEMBERS:
+                _member(pool, name).inflight = rng.randrange(0, 8)
+
+    _scraped(replicas, {})
+    homes: dict[int, str] = {}
+    for n in range(1, 6):
+        for s in range(24):
+            own_counts()
+            where = _send(replicas[(s + n) % 2], _key(s, n))  # a session's turns alternate between the replicas
+            assert homes.setdefault(s, where) == where, (s, n)
+    assert set(homes.values()) == set(MEMBERS)  # the ranking spreads sessions over the members
+    # one member over the bound for both replicas: its sessions move, on both, to the same next member
+    busy = homes[0]
+    _scraped(replicas, {busy: 9})
+    moved: dict[int, str] = {}
+    for n in range(6, 10):
+        for s in range(24):
+            own_counts()
+            where = _send(replicas[(s + n) % 2], _key(s, n))
+            if homes[s] == busy:
+                assert where != busy and moved.setdefault(s, where) == where, (s, n)
+            else:
+                assert where == homes[s], (s, n)
+    assert moved
+    # back within the bound: every replica takes its sessions back to it by the same ranking
+    _scraped(replicas, {})
+    for n in range(10, 13):
+        for s in range(24):
+            own_counts()
+            assert _send(replicas[(s + n) % 2], _key(s, n)) == homes[s], (s, n)
+    # down (its breaker open on both) and back: the same walk, the same return
+    for pool in replicas:
+        _member(pool, busy).breaker.failure()
+    for n in range(13, 15):
+        for s in range(24):
+            where = _send(replicas[(s + n) % 2], _key(s, n))
+            assert where == (moved[s] if homes[s] == busy else homes[s]), (s, n)
+    for pool in replicas:
+        _member(pool, busy).breaker.success()
+    for s in range(24):
+        assert _send(replicas[s % 2], _key(s, 15)) == homes[s]
+
+
+def test_one_replicas_own_outstanding_does_not_move_a_session_the_other_keeps():
+    one, two = replicas = (_replica(), _replica())
+    _scraped(replicas, {})  # every server says it is idle
+    home = _send(one, _key(3, 1))
+    _member(one, home).inflight = 10  # replica one alone has many requests of its own there (not yet scraped)
+    assert _send(one, _key(3, 2)) == home  # a replica-local count would move it here...
+    assert _send(two, _key(3, 3)) == home  # ...while the other replica keeps it
+    _member(one, home).inflight = 0
+    assert _send(one, _key(3, 4)) == home and _send(two, _key(3, 5)) == home
+
+
+# -- tenants ---------------------------------------------------------------------------------------
+def test_a_tenant_naming_its_session_like_anothers_moves_none_of_its_turns():
+    members = [M("gpu0"), M("gpu1"), M("gpu2")]
+    balancer = Balancer()
+
+    def acme(n: int) -> AffinityKey:
+        return key_for(turn(n), "build-42", tenant="acme")
+
+    home = balancer.choose(members, acme(1))
+    balancer.record(home, acme(1), 100_000)
+    # another tenant sends a turn under the same session name while acme's member is over the bound here
+    home.inflight = 9
+    globex = key_for(turn(1, system="Another tenant's agent. " * 100), "build-42", tenant="globex")
+    balancer.record(balancer.choose(members, globex), globex, 100_000)
+    home.inflight = 0
+    assert all(balancer.choose(members, acme(n)) is home for n in range(2, 6))
+    # the session is the tenant and the name as a structure: never one joined string
+    assert acme(1).session == SessionKey("acme", "build-42") != globex.session
+    assert session_anchor(SessionKey("a\x1fb", "c")) != session_anchor(SessionKey("a", "b\x1fc"))
+    firsts = [(ranking(session_anchor(SessionKey("acme", f"s{i}")), members)[0],
+               ranking(session_anchor(SessionKey("globex", f"s{i}")), members)[0]) for i in range(30)]
+    assert any(x is not y for x, y in firsts)  # the tenant is part of the ranking's key
+
+
+def test_prefix_blocks_are_salted_per_tenant_so_one_tenants_prompt_never_matches_anothers():
+    acme, globex = key_for(turn(2), None, tenant="acme").blocks, key_for(turn(2), None, tenant="globex").blocks
+    assert len(acme) == len(globex) == len(key_for(turn(2), None).blocks)
+    assert not set(acme) & set(globex) and not set(acme) & set(key_for(turn(2), None).blocks)
+    assert key_for(turn(2), None, tenant="acme").blocks == acme  # stable: every replica hashes alike
+    x, y = M("x"), M("y", inflight=1)
+    balancer = Balancer()
+    balancer.record(y, key_for(turn(1), None, tenant="acme"), 100_000)
+    assert balancer.choose([x, y], key_for(turn(2), None, tenant="acme")) is y  # its own prefix is found
+    assert balancer.choose([x, y], key_for(turn(2), None, tenant="globex")) is x  # another's is not: least loaded
