@@ -38,6 +38,11 @@ SAVED = "tierlane.saved_usd"
 SAVED_CACHE = "tierlane.saved.cache_usd"
 SAVED_EDGE = "tierlane.saved.edge_usd"
 SAVED_TRIM = "tierlane.saved.trim_usd"
+SAVED_MASK = "tierlane.saved.mask_usd"  # observation masking: cache reads avoided less the rewrite it caused
+# what the trim stage's observation masking did (or, in shadow mode, would have done) to a request
+MASK_MODE = "tierlane.trim.mask_mode"
+MASKED_TOKENS = "tierlane.trim.masked_tokens"
+MASK_WRITE_TOKENS = "tierlane.trim.mask_rewrite_tokens"
 SAVED_VS_STRONG = "tierlane.saved.vs_strong_usd"  # against everything on the strong tier
 SAVED_VS_NAMED = "tierlane.saved.vs_named_usd"  # against the model the client named
 USAGE_ESTIMATED = "tierlane.usage.estimated"

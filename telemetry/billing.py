@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.domain import Usage
-from policies.pricing import Pricing, TokenPrice
+from policies.pricing import PER_MILLION, Pricing, TokenPrice
+from policies.trim.config import MASKING
+from telemetry import attributes as a
 from telemetry.record import MeteredRequest
 
 
@@ -32,6 +34,12 @@ class Bill:
     saved_trim: float
     counterfactual_model: str
     trimmed_tokens: int
+    # observation masking (trim.agent_context), priced apart from `saved` since its tokens would
+    # have been cache reads: masked tokens at the cached price less the cache rewrite a step
+    # caused; in shadow mode what it would have saved, on the same terms
+    saved_mask: float = 0.0
+    masked_tokens: int = 0
+    mask_write_tokens: int = 0
     cost_strong: float = 0.0  # the same request on the strong tier
     cost_named: float = 0.0  # the same request on the model the client named
     strong_model: str | None = None
@@ -51,6 +59,10 @@ class Bill:
 
     def saved_by_reason(self) -> dict[str, float]:
         return {"cache": self.saved_cache, "edge": self.saved_edge, "trim": self.saved_trim}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _non_negative(usage: Usage) -> Usage:
@@ -94,7 +106,7 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
     the tokens it avoided).
     """
     usage = _non_negative(usage)
-    trimmed = sum(max(0, n) for n in ctx.trim_saved.values())
+    trimmed = sum(max(0, n) for name, n in ctx.trim_saved.items() if name != MASKING)
     untrimmed = Usage(input_tokens=usage.input_tokens + trimmed, output_tokens=usage.output_tokens,
                       cached_input_tokens=usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens,
                       cache_write_1h_tokens=usage.cache_write_1h_tokens)
@@ -119,11 +131,16 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
             taken = other.estimated_seconds(usage) if other.tokens_per_second else seconds
             return _money(other.charge(untrimmed, taken, cache_discount=False))
 
+        masked, rewritten = _count(ctx.attributes.get(a.MASKED_TOKENS)), _count(ctx.attributes.get(a.MASK_WRITE_TOKENS))
         return Bill(
             cost=served + wasted,
             saved_cache=0.0,
             saved_edge=-wasted,
             saved_trim=price.input_cost(trimmed),
+            saved_mask=(masked * price.cached_input - rewritten * max(0.0, price.cache_write - price.cached_input))
+            / PER_MILLION,
+            masked_tokens=masked,
+            mask_write_tokens=rewritten,
             counterfactual_model=model,
             trimmed_tokens=trimmed,
             cost_strong=had_gone_to(strong_price),

@@ -43,7 +43,7 @@ from telemetry.tokens import (
     prompt_texts,
     resolve_usage,
 )
-from telemetry.usage import UsageQuery, run_query
+from telemetry.usage import JUDGE, UsageQuery, run_query
 
 if TYPE_CHECKING:
     from telemetry.fleet_usage import FleetUsage
@@ -290,6 +290,7 @@ class Telemetry:
                 a.SAVED_CACHE: bill.saved_cache,
                 a.SAVED_EDGE: bill.saved_edge,
                 a.SAVED_TRIM: bill.saved_trim,
+                a.SAVED_MASK: bill.saved_mask,
                 a.SAVED_VS_STRONG: bill.saved_vs_strong,
                 a.SAVED_VS_NAMED: bill.saved_vs_named,
                 a.USAGE_ESTIMATED: usage.estimated,
@@ -298,6 +299,61 @@ class Telemetry:
             },
         )
         return bill
+
+    async def admit_judge(self, key: str, tenant: str, app: str, tokens: int) -> bool:
+        """Hold a judging re-ask (gateway/pipeline/shadow.py) against the budgets of `tenant`/`app`, the
+        line it is billed to; False when that line is over a limit (or the shared store refuses): the
+        judgement is then skipped. `key` identifies it until `record_judge`."""
+        if not self.config.metering or not self.budgets.enabled:
+            return True
+        try:
+            if self.shared is None:
+                self.budgets.admit(key, tenant, app, tokens)
+            else:
+                await self.shared.admit(key, tenant, app, tokens, 0.0)
+        except Exception:  # noqa: BLE001 - over a limit, or the store down: no judging on that line now
+            return False
+        return True
+
+    async def record_judge(
+        self,
+        key: str,
+        *,
+        request_id: str,
+        tenant: str,
+        app: str,
+        judged_tenant: str,
+        judged_app: str,
+        lane: str,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cost: float,
+        status: int,
+        latency_s: float,
+    ) -> None:
+        """Bill one judging re-ask to `tenant`/`app`: settle its hold in the budgets and write its ledger row
+        (operation `judge`; /v1/usage shows it under the judge_* measures, never as a request)."""
+        if not self.config.metering:
+            return
+        tokens, cost = max(0, input_tokens) + max(0, output_tokens), max(0.0, cost)
+        if self.budgets.enabled:
+            if self.shared is None:
+                self.budgets.settle(key, tokens, cost)
+            else:
+                await self.shared.settle(key, tokens, cost)
+        latency = max(0.0, latency_s)
+        row = LedgerRow(
+            request_id=f"{JUDGE}:{request_id}", ts=self._wall() - latency, tenant=tenant, app=app, lane=lane,
+            model=model, requested_model=model, operation=JUDGE, stream=False, input_tokens=max(0, input_tokens),
+            output_tokens=max(0, output_tokens), cached_input_tokens=0, estimated=False, trimmed_tokens=0, cost=cost,
+            saved_cache=0.0, saved_edge=0.0, saved_trim=0.0, status=status, complete=status == 200, error_code=None,
+            latency_ms=latency * 1000.0, ttft_ms=None, cache_status="off", route_score=None,
+            judged_tenant=judged_tenant, judged_app=judged_app,
+        )  # fmt: skip
+        self.ledger.append(row)
+        if self.fleet is not None:
+            self.fleet.record(row)
 
     def _row(
         self,
@@ -328,6 +384,10 @@ class Telemetry:
             requested_model=ctx.model,
             session=ctx.session,
             cache_write_tokens=max(0, usage.cache_write_tokens) + max(0, usage.cache_write_1h_tokens),
+            mask_mode=_mask_mode(ctx.attributes.get(a.MASK_MODE)),
+            masked_tokens=bill.masked_tokens,
+            mask_write_tokens=bill.mask_write_tokens,
+            saved_mask=bill.saved_mask,
             operation=ctx.operation,
             stream=ctx.stream,
             input_tokens=usage.input_tokens,
@@ -581,3 +641,7 @@ def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:
         )
 
     return build
+
+
+def _mask_mode(value: object) -> str | None:
+    return value if value in ("shadow", "on") else None

@@ -82,6 +82,10 @@ USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
     "saved_trim_usd": ("saved_trim",),
     "saved_vs_strong_usd": ("saved_vs_strong",),
     "saved_vs_named_usd": ("saved_vs_named",),
+    "judge_requests": ("judge_requests",),
+    "judge_input_tokens": ("judge_input_tokens",),
+    "judge_output_tokens": ("judge_output_tokens",),
+    "judge_cost_usd": ("judge_cost",),
 }
 assert tuple(USAGE_FROM_ROLLUP) == tuple(MEASURES), "the dashboard must carry every /v1/usage measure"
 
@@ -401,7 +405,7 @@ def _percentiles(
 ) -> tuple[dict[str, float | None], dict[str, float | None], str]:
     names = [f"p{round(q * 100)}" for q in QUANTILES]
     if ok <= EXACT_PERCENTILES_MAX_ROWS:
-        sql = "SELECT latency_ms, ttft_ms FROM requests WHERE ts >= ? AND ts < ? AND status < 400"
+        sql = "SELECT latency_ms, ttft_ms FROM requests WHERE ts >= ? AND ts < ? AND status < 400 AND operation != 'judge'"
         params: list[Any] = [query.start, query.end]
         if query.tenant is not None:
             sql += " AND +tenant = ?"  # the ts index, never the tenant one
@@ -532,26 +536,53 @@ def _tiers(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, An
 TOP_SESSIONS = 20
 
 
+# A session is flagged when, after its first turns, less than this share of its input was read
+# from the provider's prompt cache: agent sessions read most of every turn from it, so a low share
+# later on is a prefix something broke (a translation, a trim, a switch of model), and a bill.
+WARM_AFTER = 2
+BROKEN_SHARE = 0.5
+
+
 def _sessions(conn: sqlite3.Connection, query: DashboardQuery) -> list[dict[str, Any]]:
-    """The costliest conversations (agent sessions, Responses chains) in the range, from the raw rows."""
-    sql = ("SELECT tenant, app, session, COUNT(*) AS requests, SUM(status >= 400) AS errors, SUM(cost) AS cost, "
-           "SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens, "
-           "SUM(cached_input_tokens) AS cached_input_tokens, SUM(cache_write_tokens) AS cache_write_tokens, MIN(ts) AS first, MAX(ts) AS last "
-           "FROM requests WHERE ts >= ? AND ts < ? AND session IS NOT NULL")  # fmt: skip
+    """The costliest conversations (agent sessions, Responses chains) in the range, from the raw rows,
+    with the cached-read share of their input after the first turns and observation masking's
+    saving (or, in shadow mode, what it would have saved)."""
+    where = "ts >= ? AND ts < ? AND session IS NOT NULL"
     params: list[Any] = [query.start, query.end]
     if query.tenant is not None:
-        sql += " AND tenant = ?"
+        where += " AND tenant = ?"
         params.append(query.tenant)
-    sql += f" GROUP BY tenant, app, session ORDER BY SUM(cost) DESC, COUNT(*) DESC LIMIT {TOP_SESSIONS}"
-    return [
-        {"tenant": r["tenant"], "app": r["app"], "session": r["session"], "requests": int(r["requests"]),
-         "errors": int(r["errors"] or 0), "cost_usd": round(float(r["cost"] or 0.0), 9),
-         "input_tokens": int(r["input_tokens"] or 0), "output_tokens": int(r["output_tokens"] or 0),
-         "cached_input_tokens": int(r["cached_input_tokens"] or 0),
-         "cache_write_tokens": int(r["cache_write_tokens"] or 0), "first": iso_time(r["first"]),
-         "last": iso_time(r["last"])}  # fmt: skip
-        for r in conn.execute(sql, params)
-    ]
+    sql = ("WITH s AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY tenant, app, session ORDER BY ts, id) AS turn "
+           f"FROM requests WHERE {where}) "
+           "SELECT tenant, app, session, COUNT(*) AS requests, SUM(status >= 400) AS errors, SUM(cost) AS cost, "
+           "SUM(input_tokens) AS input_tokens, SUM(output_tokens) AS output_tokens, "
+           "SUM(cached_input_tokens) AS cached_input_tokens, SUM(cache_write_tokens) AS cache_write_tokens, "
+           f"SUM(CASE WHEN turn > {WARM_AFTER} THEN input_tokens ELSE 0 END) AS late_input, "
+           f"SUM(CASE WHEN turn > {WARM_AFTER} THEN cached_input_tokens ELSE 0 END) AS late_cached, "
+           f"SUM(CASE WHEN turn > {WARM_AFTER} AND input_tokens > 0 AND cached_input_tokens < {BROKEN_SHARE} * input_tokens "
+           "THEN 1 ELSE 0 END) AS cold_turns, "
+           "SUM(masked_tokens) AS masked_tokens, SUM(saved_mask) AS saved_mask, MAX(mask_mode) AS mask_mode, "
+           "MIN(ts) AS first, MAX(ts) AS last "
+           f"FROM s GROUP BY tenant, app, session ORDER BY SUM(cost) DESC, COUNT(*) DESC LIMIT {TOP_SESSIONS}")  # fmt: skip
+    rows = []
+    for r in conn.execute(sql, params):
+        input_tokens, late_input = int(r["input_tokens"] or 0), int(r["late_input"] or 0)
+        late_share = (int(r["late_cached"] or 0) / late_input) if late_input else None
+        rows.append({
+            "tenant": r["tenant"], "app": r["app"], "session": r["session"], "requests": int(r["requests"]),
+            "errors": int(r["errors"] or 0), "cost_usd": round(float(r["cost"] or 0.0), 9),
+            "input_tokens": input_tokens, "output_tokens": int(r["output_tokens"] or 0),
+            "cached_input_tokens": int(r["cached_input_tokens"] or 0),
+            "cache_write_tokens": int(r["cache_write_tokens"] or 0),
+            "cached_share": round(int(r["cached_input_tokens"] or 0) / input_tokens, 4) if input_tokens else None,
+            "cached_share_late": None if late_share is None else round(late_share, 4),
+            "cold_turns": int(r["cold_turns"] or 0),
+            "prefix_broken": late_share is not None and late_share < BROKEN_SHARE,
+            "mask_mode": r["mask_mode"], "masked_tokens": int(r["masked_tokens"] or 0),
+            "saved_mask_usd": round(float(r["saved_mask"] or 0.0), 9),
+            "first": iso_time(r["first"]), "last": iso_time(r["last"]),
+        })  # fmt: skip
+    return rows
 
 
 def _reasons(hist: Mapping[str, Mapping[int, int]], prefix: str) -> list[dict[str, Any]]:

@@ -47,7 +47,7 @@ from redis.exceptions import ResponseError
 from policies.redis_mux import MuxClient
 from policies.task_stop import cancel_and_wait
 from telemetry.ledger import LedgerRow
-from telemetry.usage import MEASURES, UsageQuery
+from telemetry.usage import JUDGE, MEASURES, UsageQuery
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,13 @@ STORED = tuple(name for name in MEASURES if name != "saved_usd")
 
 
 def _amounts(row: LedgerRow) -> dict[str, float]:
+    if row.operation == JUDGE:  # a shadow re-ask: judging spend, not a request (telemetry/usage.py)
+        return {
+            "judge_requests": 1.0,
+            "judge_input_tokens": float(row.input_tokens),
+            "judge_output_tokens": float(row.output_tokens),
+            "judge_cost_usd": row.cost,
+        }
     return {
         "requests": 1.0,
         "errors": 1.0 if row.status >= 400 else 0.0,
@@ -176,7 +183,8 @@ class FleetUsage:
         bucket = (row.tenant, int(row.ts // HOUR_S))
         group = orjson.dumps([row.app, row.model, row.lane]).decode()[:-1]  # '["app","model","lane"' + ',"measure"]'
         fields = self._pending.get(bucket)
-        if fields is None or group + ',"requests"]' not in fields:  # a new group: the only thing that takes memory
+        marker = group + (',"judge_requests"]' if row.operation == JUDGE else ',"requests"]')
+        if fields is None or marker not in fields:  # a new group: the only thing that takes memory
             if self._groups >= MAX_PENDING:
                 self.dropped += 1
                 self._log(RuntimeError(f"{MAX_PENDING} usage groups already waiting for the store"))
@@ -309,7 +317,7 @@ class FleetUsage:
                     item[name] = round(sums[name], 9)
                 else:
                     item[name] = int(round(sums[name]))
-            if item["requests"]:
+            if item["requests"] or item["judge_requests"]:
                 rows.append(item)
         return rows
 

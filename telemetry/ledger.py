@@ -101,6 +101,16 @@ class LedgerRow:
     # one conversation's key (an agent session, a Responses chain), within the tenant; NULL when none
     session: str | None = None
     cache_write_tokens: int = 0  # input tokens written to the provider's prompt cache (priced as writes)
+    # operation `judge` (a shadow re-ask, gateway/pipeline/shadow.py): the tenant and app of the request
+    # judged (tenant/app are the payer's: the operator's own line unless shadow.bill_judging_to: tenant)
+    judged_tenant: str | None = None
+    judged_app: str | None = None
+    # observation masking (trim.agent_context): its mode, the tokens it cleared (or would have, in
+    # shadow mode), the cached prefix a step rewrote, and the net saving priced at the cache prices
+    mask_mode: str | None = None
+    masked_tokens: int = 0
+    mask_write_tokens: int = 0
+    saved_mask: float = 0.0
 
     @property
     def day(self) -> str:
@@ -150,7 +160,13 @@ CREATE TABLE IF NOT EXISTS requests (
     saved_vs_named REAL,
     cache_score REAL,
     session TEXT,
-    cache_write_tokens INTEGER NOT NULL DEFAULT 0
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    mask_mode TEXT,
+    masked_tokens INTEGER NOT NULL DEFAULT 0,
+    mask_write_tokens INTEGER NOT NULL DEFAULT 0,
+    saved_mask REAL NOT NULL DEFAULT 0,
+    judged_tenant TEXT,
+    judged_app TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -174,6 +190,12 @@ ADDED_COLUMNS: dict[str, str] = {
     "cache_score": "REAL",
     "session": "TEXT",
     "cache_write_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "mask_mode": "TEXT",
+    "masked_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "mask_write_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "saved_mask": "REAL NOT NULL DEFAULT 0",
+    "judged_tenant": "TEXT",
+    "judged_app": "TEXT",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to
@@ -186,20 +208,24 @@ ROLLUP_TABLES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 HIST_LEVELS: tuple[int, ...] = (86400, 3600)
 # Bumped whenever the rollups change shape or meaning: a writer then rebuilds them from the rows.
-ROLLUP_VERSION = 3
+ROLLUP_VERSION = 4
+# A judging re-ask's row (operation `judge`, gateway/pipeline/shadow.py) is spend, not a request:
+# the request measures leave it out, the judge_* ones count it.
+REQUEST = "operation != 'judge'"
+JUDGING = "operation = 'judge'"
 # Rollup column -> what one ledger row adds to it (an SQL expression over `requests`). A reader
 # that totals raw rows uses the same expressions, so rollups and raw rows always agree.
 ROLLUP_MEASURES: dict[str, str] = {
-    "requests": "1",
-    "errors": "status >= 400",
-    "rejected": "status = 429",
-    "input_tokens": "input_tokens",
-    "output_tokens": "output_tokens",
+    "requests": REQUEST,
+    "errors": f"status >= 400 AND {REQUEST}",
+    "rejected": f"status = 429 AND {REQUEST}",
+    "input_tokens": f"CASE WHEN {REQUEST} THEN input_tokens ELSE 0 END",
+    "output_tokens": f"CASE WHEN {REQUEST} THEN output_tokens ELSE 0 END",
     "cached_input_tokens": "cached_input_tokens",
     "cache_write_tokens": "cache_write_tokens",
     "trimmed_tokens": "trimmed_tokens",
     "estimated_requests": "estimated",
-    "cost": "cost",
+    "cost": f"CASE WHEN {REQUEST} THEN cost ELSE 0.0 END",
     "saved_cache": "saved_cache",
     "saved_edge": "saved_edge",
     "saved_trim": "saved_trim",
@@ -211,14 +237,19 @@ ROLLUP_MEASURES: dict[str, str] = {
     "edge_requests": "lane = 'edge'",
     "escalated": "escalated",
     "edge_tokens": "edge_tokens",
-    "ok": "status < 400",
-    "latency_ms": "CASE WHEN status < 400 THEN latency_ms ELSE 0.0 END",
+    "ok": f"status < 400 AND {REQUEST}",
+    "latency_ms": f"CASE WHEN status < 400 AND {REQUEST} THEN latency_ms ELSE 0.0 END",
     "ttft_n": "status < 400 AND ttft_ms IS NOT NULL",
     "ttft_ms": "CASE WHEN status < 400 THEN COALESCE(ttft_ms, 0.0) ELSE 0.0 END",
     "confidence_n": "confidence IS NOT NULL",
     "confidence": "COALESCE(confidence, 0.0)",
+    "judge_requests": JUDGING,
+    "judge_input_tokens": f"CASE WHEN {JUDGING} THEN input_tokens ELSE 0 END",
+    "judge_output_tokens": f"CASE WHEN {JUDGING} THEN output_tokens ELSE 0 END",
+    "judge_cost": f"CASE WHEN {JUDGING} THEN cost ELSE 0.0 END",
 }
-REAL_MEASURES = frozenset({"cost", "saved_cache", "saved_edge", "saved_trim", "saved_vs_strong", "saved_vs_named",
+REAL_MEASURES = frozenset({"cost", "judge_cost", "saved_cache", "saved_edge", "saved_trim", "saved_vs_strong",
+                           "saved_vs_named",
                            "latency_ms", "ttft_ms", "confidence"})
 
 # Histograms: bins of 1/16 of a doubling for times (a bin's upper edge is 4.4% above its lower
@@ -240,7 +271,7 @@ def unit_bin(column: str) -> str:
 
 # kind -> (bin expression, which rows count); over `requests`, like ROLLUP_MEASURES.
 ROLLUP_HISTOGRAMS: dict[str, tuple[str, str]] = {
-    "latency_ms": (log_bin("latency_ms"), "status < 400"),
+    "latency_ms": (log_bin("latency_ms"), f"status < 400 AND {REQUEST}"),
     "ttft_ms": (log_bin("ttft_ms"), "status < 400 AND ttft_ms IS NOT NULL"),
     "confidence_served": (unit_bin("confidence"), "confidence IS NOT NULL AND NOT escalated"),
     "confidence_escalated": (unit_bin("confidence"), "confidence IS NOT NULL AND escalated"),

@@ -17,17 +17,30 @@ GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
 FILTER_KEYS = ("tenant", "app", "model", "lane")
 DEFAULT_DAYS = 30
 
-# Output column -> SQL aggregate; group keys come first in every row.
+JUDGE = "judge"  # the operation of a shadow re-ask's row (gateway/pipeline/shadow.py): judging spend
+_REQUEST = f"operation != '{JUDGE}'"
+
+
+def _requests_only(column: str) -> str:
+    return f"SUM(CASE WHEN {_REQUEST} THEN {column} ELSE 0 END)"
+
+
+def _judging_only(column: str) -> str:
+    return f"SUM(CASE WHEN operation = '{JUDGE}' THEN {column} ELSE 0 END)"
+
+
+# Output column -> SQL aggregate; group keys come first in every row. The request measures count
+# requests alone; judging (the shadow stage's re-asks, operation `judge`) has measures of its own.
 MEASURES: dict[str, str] = {
-    "requests": "COUNT(*)",
-    "errors": "SUM(status >= 400)",
-    "input_tokens": "SUM(input_tokens)",
-    "output_tokens": "SUM(output_tokens)",
+    "requests": f"SUM({_REQUEST})",
+    "errors": f"SUM(status >= 400 AND {_REQUEST})",
+    "input_tokens": _requests_only("input_tokens"),
+    "output_tokens": _requests_only("output_tokens"),
     "cached_input_tokens": "SUM(cached_input_tokens)",  # prompt-cache reads
     "cache_write_tokens": "SUM(cache_write_tokens)",  # prompt-cache writes (5-minute and 1-hour)
     "trimmed_tokens": "SUM(trimmed_tokens)",
     "estimated_requests": "SUM(estimated)",
-    "cost_usd": "SUM(cost)",
+    "cost_usd": _requests_only("cost"),
     "saved_usd": "SUM(saved_cache + saved_edge + saved_trim)",
     "saved_cache_usd": "SUM(saved_cache)",
     "saved_edge_usd": "SUM(saved_edge)",
@@ -35,6 +48,10 @@ MEASURES: dict[str, str] = {
     # against stated counterfactuals (telemetry/billing.py), escalated edge attempts netted
     "saved_vs_strong_usd": "SUM(COALESCE(saved_vs_strong, saved_cache + saved_edge + saved_trim))",
     "saved_vs_named_usd": "SUM(COALESCE(saved_vs_named, saved_cache + saved_edge + saved_trim))",
+    "judge_requests": f"SUM(operation = '{JUDGE}')",
+    "judge_input_tokens": _judging_only("input_tokens"),
+    "judge_output_tokens": _judging_only("output_tokens"),
+    "judge_cost_usd": _judging_only("cost"),
 }
 
 
@@ -110,7 +127,7 @@ def run_query(ledger: Ledger, query: UsageQuery) -> list[dict[str, Any]]:
         for name in MEASURES:
             value = row[name]
             item[name] = round(value or 0.0, 9) if name.endswith("_usd") else int(value or 0)
-        if item["requests"]:
+        if item["requests"] or item["judge_requests"]:
             rows.append(item)
     return rows
 

@@ -351,9 +351,15 @@
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
       { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
     const sessions = q.sessions || [];
-    if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "prompt cache read / written", "cost"],
+    if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "prompt cache read / written",
+      "cached share after the first turns", "masking saved", "cost"],
       sessions.map((x) => [{ cls: "t", text: x.session, title: x.first + " – " + x.last }, { cls: "t", text: x.tenant + " / " + x.app },
-        fmtInt(x.requests), fmtInt(x.errors), fmtInt(x.input_tokens + x.output_tokens), cacheShares(x), fmtUsd(x.cost_usd)])));
+        fmtInt(x.requests), fmtInt(x.errors), fmtInt(x.input_tokens + x.output_tokens), cacheShares(x),
+        { cls: x.prefix_broken ? "bad" : "", text: (x.cached_share_late == null ? "–" : fmtPct(x.cached_share_late)) + (x.prefix_broken ? " (prefix broken)" : ""),
+          title: fmtInt(x.cold_turns) + " later turns read under half their input from the prompt cache" },
+        { text: x.mask_mode ? fmtUsd(x.saved_mask_usd) + (x.mask_mode === "shadow" ? " (shadow)" : "") : "–",
+          title: fmtInt(x.masked_tokens) + " tokens of old tool output" + (x.mask_mode === "shadow" ? " would have been" : "") + " masked; net of the cache rewrites" },
+        fmtUsd(x.cost_usd)])));
     $("quality").replaceChildren(...parts);
   }
   function renderEngine(s, scope) {

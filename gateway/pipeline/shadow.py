@@ -16,6 +16,17 @@ document: policies/agreement.py; "42" and "43" are 0.84 similar), else answer si
 request's own checks (rule vetoes, verifier) compare requests, not answers, so they have no say
 here. Each such re-ask is an upstream call, metered by the upstream as any other.
 
+Judging is bounded and billed (`shadow` section): every upstream re-ask (the routing quality
+bound's, the cache error bound's and the plain lane samples) counts against one gateway-wide
+`max_per_minute` and `max_pending`, of which one tenant takes at most `tenant_share` while another
+tenant's requests were judged within the last minute (a lone tenant may use it all, like the
+edge's `tenant_slot_share`). A prompt over `max_prompt_tokens` is not re-asked (skipped, reason
+`prompt_tokens`; never truncated, which would change the question). Each re-ask is held against
+the payer's budgets and written to the ledger as operation `judge` (`bill_judging_to`: the
+`operator_account` line by default, the judged tenant's with `tenant`; the judged request's
+tenant and app are kept in `judged_tenant`/`judged_app`), so /v1/usage and the budgets show it,
+across restarts. Skips are counted per reason in `ShadowHook.skipped`.
+
 A miss whose best candidate passed every check but the bound's threshold (the lookup leaves it
 in `ctx.cache_candidate`) is sampled at the same rate once the upstream has answered it: the
 stored answer is compared with the upstream's (no second upstream call), and the judgement goes
@@ -25,8 +36,11 @@ to the bound as an observation below its threshold (what lets it loosen on evide
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import math
 import random
+import secrets
 import sqlite3
 import time
 from collections import deque
@@ -45,6 +59,7 @@ from policies.agreement import judge
 from policies.cache.error_bound import BoundParams
 from policies.domain import Usage
 from policies.pricing import Pricing
+from telemetry.tokens import estimate_request_tokens
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -71,6 +86,9 @@ AGREE = 0.8  # the similarity above which two answers are counted as agreeing
 # How long shutdown waits for shadow calls in flight before cancelling them; each is already
 # bounded by the upstream's own timeouts, this only keeps a slow one from holding up a stop.
 CLOSE_GRACE_S = 10.0
+WINDOW_S = 60.0  # the per-minute cap's window, and how long a tenant counts as active for the shares
+PRUNE_EVERY = 500  # the shadow table is pruned on the first insert and then every this many
+BILL_TO = ("operator", "tenant")
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,7 +104,13 @@ class ShadowConfig:
     max_pending: int = 32
     seed: int | None = None
     max_tokens: int = 1024  # the most completion tokens one shadow call asks for (the client's ask may be 60,000)
-    max_per_minute: int = 120  # re-asks of the other tier (routing quality bound) in any minute, at most
+    max_per_minute: int = 120  # upstream re-asks (judging) in any minute, gateway-wide, at most
+    tenant_share: float = 0.5  # of max_per_minute and max_pending, the most one tenant takes while others are judged
+    max_prompt_tokens: int = 8192  # prompts estimated over this are not re-asked (skipped, never truncated)
+    bill_judging_to: str = "operator"  # whose ledger line and budgets a re-ask's cost goes to: operator | tenant
+    operator_account: str = "_operator"  # the tenant name of the operator's own line
+    max_rows: int = 200_000  # the shadow table keeps the newest this many rows
+    max_age_days: float = 30.0  # and none older than this
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ShadowConfig:
@@ -107,7 +131,26 @@ class ShadowConfig:
             seed=section.get("seed"),
             max_tokens=max(1, int(section.get("max_tokens", 1024))),
             max_per_minute=max(0, int(section.get("max_per_minute", 120))),
+            tenant_share=_share(section.get("tenant_share", 0.5)),
+            max_prompt_tokens=max(1, int(section.get("max_prompt_tokens", 8192))),
+            bill_judging_to=_bill_to(section.get("bill_judging_to", "operator")),
+            operator_account=str(section.get("operator_account") or "_operator"),
+            max_rows=max(1, int(section.get("max_rows", 200_000))),
+            max_age_days=max(0.0, float(section.get("max_age_days", 30.0))),
         )
+
+
+def _share(value: Any) -> float:
+    share = float(value)
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"shadow.tenant_share must be within (0, 1], got {share}")
+    return share
+
+
+def _bill_to(value: Any) -> str:
+    if value not in BILL_TO:
+        raise ValueError(f"shadow.bill_judging_to must be one of {', '.join(BILL_TO)}, got {value!r}")
+    return str(value)
 
 
 @dataclass(slots=True, frozen=True)
@@ -131,10 +174,25 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 class ShadowStore:
-    """Appends shadow results to SQLite off the event loop."""
+    """Appends shadow results to SQLite off the event loop, pruned by age and row count (on the first
+    insert and every `prune_every` after it, on the same thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_rows: int = 200_000,
+        max_age_s: float = 30 * 86400.0,
+        prune_every: int = PRUNE_EVERY,
+        wall: Any = time.time,
+    ) -> None:
         self.path = path
+        self.max_rows = max_rows
+        self.max_age_s = max_age_s
+        self.prune_every = max(1, prune_every)
+        self._wall = wall
+        self._since_prune = 0
+        self.pruned = 0  # rows deleted by pruning
         # NOTE: a single worker thread owns the connection, so writes never run concurrently.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow-store")
         self._conn: sqlite3.Connection | None = None
@@ -150,6 +208,22 @@ class ShadowStore:
                 (row.ts, row.request_id, row.tenant, row.app, row.lane, row.model, row.similarity,
                  row.upstream_input_tokens, row.upstream_output_tokens),
             )
+        if self._since_prune % self.prune_every == 0:
+            self._prune()
+        self._since_prune += 1
+
+    def _prune(self) -> None:
+        """Delete the rows older than `max_age_s`, then all but the newest `max_rows` (writer thread)."""
+        assert self._conn is not None
+        with self._conn:
+            deleted = 0
+            if self.max_age_s > 0:
+                deleted += self._conn.execute("DELETE FROM shadow WHERE ts < ?", (self._wall() - self.max_age_s,)).rowcount
+            deleted += self._conn.execute(
+                "DELETE FROM shadow WHERE rowid IN (SELECT rowid FROM shadow ORDER BY ts DESC LIMIT -1 OFFSET ?)",
+                (self.max_rows,),
+            ).rowcount
+        self.pruned += max(0, deleted)
 
     async def add(self, row: ShadowRow) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._insert, row)
@@ -236,7 +310,9 @@ class ShadowHook:
 
     name = "shadow"
 
-    def __init__(self, services: Services, config: ShadowConfig, store: ShadowStore) -> None:
+    def __init__(
+        self, services: Services, config: ShadowConfig, store: ShadowStore, *, clock: Any = time.monotonic
+    ) -> None:
         self.services = services
         self.config = config
         self.store = store
@@ -254,9 +330,120 @@ class ShadowHook:
         self.judged = 0  # semantic cache hits judged for the cache's error bound
         self.judged_refused = 0  # candidates the bound refused, judged against the upstream's answer
         self.tier_judged = 0  # tiered answers judged against the other tier's (lanes.upstream.tiers.max_quality_loss)
-        self.tier_skipped = 0  # tier re-asks skipped: over shadow.max_per_minute
-        self._tier_asks: deque[float] = deque()  # monotonic times of the last minute's tier re-asks
+        self.tier_skipped = 0  # tier re-asks skipped: over shadow.max_per_minute or the tenant's share of it
+        self.skipped: dict[str, int] = {}  # judgements not made, per reason (see `_admit`)
+        self.spent_usd = 0.0  # what the re-asks cost (also in the ledger, operation `judge`)
+        self._clock = clock
+        self._asks: deque[tuple[float, str]] = deque()  # (time, tenant) of the last minute's upstream re-asks
+        self._asked: dict[str, int] = {}  # of those, per tenant
+        self._seen: dict[str, float] = {}  # tenant -> when it last had a judgement wanted
+        self._pending: dict[str, int] = {}  # tasks waiting or running, per tenant
+        # budget holds are keyed like requests; unique across replicas (a shared store sees them all)
+        self._key_prefix = f"judge-{secrets.token_hex(6)}-"
+        self._keys = itertools.count()
         self._pricing: Pricing | None = None
+
+    def _skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if reason == "queue_full" or reason == "tenant_queue":
+            self.dropped += 1
+
+    def _admit(self, ctx: RequestContext, config: ShadowConfig, *, reask: bool) -> bool:
+        """Whether a judgement of `ctx` may be queued now; a refusal is counted under its reason.
+
+        Gateway-wide: at most `max_pending` queued and `max_per_minute` upstream re-asks (`reask`)
+        in any minute. While another tenant had a judgement wanted within the minute, one tenant
+        takes at most `tenant_share` of each (at least one), so a flood of one tenant's requests
+        leaves the rest to the others; a tenant alone may use it all.
+        """
+        tenant, now = ctx.principal.tenant, self._clock()
+        while self._asks and now - self._asks[0][0] >= WINDOW_S:
+            _, old = self._asks.popleft()
+            left = self._asked[old] - 1
+            if left:
+                self._asked[old] = left
+            else:
+                del self._asked[old]
+        self._seen[tenant] = now
+        if len(self._seen) > 1024:  # bounded: forget the tenants not seen within the window
+            self._seen = {t: at for t, at in self._seen.items() if now - at < WINDOW_S}
+        shared = any(t != tenant and now - at < WINDOW_S for t, at in self._seen.items()) or any(
+            t != tenant for t in self._pending
+        )
+        if reask and len(self._asks) >= config.max_per_minute:
+            self._skip("per_minute")
+            return False
+        if reask and shared and self._asked.get(tenant, 0) >= max(1, math.floor(config.max_per_minute * config.tenant_share)):
+            self._skip("tenant_per_minute")
+            return False
+        if len(self._tasks) >= config.max_pending:
+            self._skip("queue_full")
+            return False
+        if shared and self._pending.get(tenant, 0) >= max(1, math.floor(config.max_pending * config.tenant_share)):
+            self._skip("tenant_queue")
+            return False
+        if reask and estimate_request_tokens(ctx.body) > config.max_prompt_tokens:
+            self._skip("prompt_tokens")
+            return False
+        if reask:
+            self._asks.append((now, tenant))
+            self._asked[tenant] = self._asked.get(tenant, 0) + 1
+        return True
+
+    def _spawn(self, ctx: RequestContext, work: Any) -> None:
+        tenant = ctx.principal.tenant
+        self._pending[tenant] = self._pending.get(tenant, 0) + 1
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._tasks.discard(finished)
+            left = self._pending.get(tenant, 1) - 1
+            if left > 0:
+                self._pending[tenant] = left
+            else:
+                self._pending.pop(tenant, None)
+
+        task.add_done_callback(done)
+
+    def _price(self, model: str, pool: str, tokens_in: int, tokens_out: int) -> float:
+        if self._pricing is None:
+            self._pricing = Pricing.from_policy(self.services.policy)
+        return self._pricing.upstream(model, pool).cost(Usage(input_tokens=tokens_in, output_tokens=tokens_out))
+
+    def _payer(self, ctx: RequestContext, config: ShadowConfig) -> tuple[str, str]:
+        """(tenant, app) whose ledger line and budgets a re-ask of `ctx` is billed to: the operator's
+        own line (its app names the judged tenant) or the judged request's tenant and app."""
+        if config.bill_judging_to == "tenant":
+            return ctx.principal.tenant, ctx.principal.app
+        return config.operator_account, ctx.principal.tenant
+
+    async def _hold(self, ctx: RequestContext, config: ShadowConfig, key: str) -> bool:
+        """Hold the re-ask against the payer's budgets; False (skipped, reason `budget`) when over a limit."""
+        telemetry = self.services.telemetry
+        if telemetry is None:
+            return True
+        tenant, app = self._payer(ctx, config)
+        if await telemetry.admit_judge(key, tenant, app, estimate_request_tokens(ctx.body)):
+            return True
+        self._skip("budget")
+        return False
+
+    async def _bill(
+        self, ctx: RequestContext, config: ShadowConfig, key: str, *, model: str, lane: str,
+        tokens_in: int, tokens_out: int, cost: float, status: int, started: float,
+    ) -> None:  # fmt: skip
+        """Settle the re-ask's hold and write its ledger row (operation `judge`)."""
+        self.spent_usd += cost
+        telemetry = self.services.telemetry
+        if telemetry is None:
+            return
+        tenant, app = self._payer(ctx, config)
+        await telemetry.record_judge(
+            key, request_id=ctx.request_id, tenant=tenant, app=app, judged_tenant=ctx.principal.tenant,
+            judged_app=ctx.principal.app, lane=lane, model=model, input_tokens=tokens_in, output_tokens=tokens_out,
+            cost=cost, status=status, latency_s=time.perf_counter() - started,
+        )  # fmt: skip
 
     def _bound(self, ctx: RequestContext) -> tuple[str, BoundParams, int, float] | None:
         """(scope, bound, entry id, score) when this answer is a semantic cache hit under `cache.max_error_rate`."""
@@ -321,15 +508,10 @@ class ShadowHook:
         if self._rng.random() >= rate:
             return
         text = answer_text(outcome.response)
-        if not text:
-            return
-        if len(self._tasks) >= config.max_pending:
-            self.dropped += 1
+        if not text or not self._admit(ctx, config, reask=True):
             return
         self.sampled += 1
-        task = asyncio.get_running_loop().create_task(self._shadow(ctx, config, text, bound))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(ctx, self._shadow(ctx, config, text, bound))
 
     def _target(self, ctx: RequestContext, config: ShadowConfig) -> tuple[str, str]:
         """The pool and model a shadow call asks: the policy's, else the model that answered (a cache
@@ -351,14 +533,28 @@ class ShadowHook:
     async def _shadow(
         self, ctx: RequestContext, config: ShadowConfig, text: str, bound: tuple[str, BoundParams, int, float] | None
     ) -> None:
+        key = f"{self._key_prefix}{next(self._keys)}"
         try:
             async with self._gate:
                 pool_name, model = self._target(ctx, config)
                 body = shadow_body(ctx, config, model)
-                reply = await self.services.pool.send(
-                    pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
-                    client_authorization=ctx.headers.get("Authorization"),
-                )
+                if not await self._hold(ctx, config, key):
+                    return
+                started = time.perf_counter()
+                try:
+                    reply = await self.services.pool.send(
+                        pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
+                        client_authorization=ctx.headers.get("Authorization"),
+                    )
+                except BaseException:
+                    await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
+                                     cost=0.0, status=502, started=started)  # fmt: skip
+                    raise
+                billed = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
+                tokens_in, tokens_out = int(billed.get("prompt_tokens") or 0), int(billed.get("completion_tokens") or 0)
+                await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=tokens_in, tokens_out=tokens_out,
+                                 cost=self._price(model, pool_name, tokens_in, tokens_out), status=reply.status,
+                                 started=started)  # fmt: skip
                 if reply.status != 200:
                     raise RuntimeError(f"the upstream answered {reply.status}")
                 upstream_text = answer_text(reply.body)
@@ -391,12 +587,9 @@ class ShadowHook:
         """Sample the refused candidate for judgement: no upstream call, the upstream already answered."""
         if not upstream_text or self._rng.random() >= candidate[1].sample_rate:
             return
-        if len(self._tasks) >= self.config.max_pending:
-            self.dropped += 1
+        if not self._admit(ctx, self._config_for(ctx), reask=False):
             return
-        task = asyncio.get_running_loop().create_task(self._judge(ctx, candidate, upstream_text))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(ctx, self._judge(ctx, candidate, upstream_text))
 
     async def _judge(self, ctx: RequestContext, candidate: tuple[str, BoundParams, int, float, str], upstream_text: str) -> None:
         scope, params, entry_id, score, stored = candidate
@@ -419,19 +612,12 @@ class ShadowHook:
         """Sample a tiered answer for the routing quality bound: the other tier is asked the same request."""
         if not text or self.services.route_quality is None or self._rng.random() >= probe.params.sample_rate:
             return
-        now = time.monotonic()
-        while self._tier_asks and now - self._tier_asks[0] > 60.0:
-            self._tier_asks.popleft()
-        if len(self._tier_asks) >= config.max_per_minute:
-            self.tier_skipped += 1
+        before = sum(self.skipped.get(r, 0) for r in ("per_minute", "tenant_per_minute"))
+        if not self._admit(ctx, config, reask=True):
+            if sum(self.skipped.get(r, 0) for r in ("per_minute", "tenant_per_minute")) > before:
+                self.tier_skipped += 1
             return
-        if len(self._tasks) >= config.max_pending:
-            self.dropped += 1
-            return
-        self._tier_asks.append(now)
-        task = asyncio.get_running_loop().create_task(self._judge_tier(ctx, config, probe, text))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(ctx, self._judge_tier(ctx, config, probe, text))
 
     async def _judge_tier(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str) -> None:
         quality = self.services.route_quality
@@ -439,19 +625,28 @@ class ShadowHook:
         other = "strong" if ctx.tier == "cost" else "cost"
         pool_name, model = probe.targets[other]
         spent = 0.0
+        key = f"{self._key_prefix}{next(self._keys)}"
         try:
             async with self._gate:
                 if pool_name is None or model is None:
                     raise RuntimeError(f"the {other} tier has no upstream pool or model")
-                reply = await self.services.pool.send(
-                    pool_name, PATHS[ctx.operation], shadow_body(ctx, config, model), headers={}, model=model, stream=False,
-                    client_authorization=ctx.headers.get("Authorization"),
-                )  # fmt: skip
+                if not await self._hold(ctx, config, key):
+                    return
+                started = time.perf_counter()
+                try:
+                    reply = await self.services.pool.send(
+                        pool_name, PATHS[ctx.operation], shadow_body(ctx, config, model), headers={}, model=model,
+                        stream=False, client_authorization=ctx.headers.get("Authorization"),
+                    )  # fmt: skip
+                except BaseException:
+                    await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
+                                     cost=0.0, status=502, started=started)  # fmt: skip
+                    raise
                 usage = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
                 tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-                if self._pricing is None:
-                    self._pricing = Pricing.from_policy(self.services.policy)
-                spent = self._pricing.upstream(model, pool_name).cost(Usage(input_tokens=tokens_in, output_tokens=tokens_out))
+                spent = self._price(model, pool_name, tokens_in, tokens_out)
+                await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=tokens_in,
+                                 tokens_out=tokens_out, cost=spent, status=reply.status, started=started)  # fmt: skip
                 if reply.status != 200:
                     raise RuntimeError(f"the {other} tier answered {reply.status}")
                 theirs = answer_text(reply.body)
@@ -524,4 +719,6 @@ def build(services: Services) -> ShadowHook | None:
         return None
     if services.embedder is None:
         log.warning("shadow sampling is on but the embedder is off: nothing will be compared")
-    return ShadowHook(services, config, ShadowStore(services.settings.state_dir / FILENAME))
+    store = ShadowStore(services.settings.state_dir / FILENAME, max_rows=config.max_rows,
+                        max_age_s=config.max_age_days * 86400.0)  # fmt: skip
+    return ShadowHook(services, config, store)

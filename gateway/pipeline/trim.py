@@ -12,9 +12,12 @@ from gateway.context import RequestContext
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.services import Services
 from policies.policy import Policy
+from policies.pricing import Pricing
 from policies.trim import TrimPolicy, TrimResult, trim_request
+from policies.trim.agent_context import CachePrices
 from policies.trim.messages import TOOL_ROLES, texts
 from policies.trim.passes import HISTORY_REASON, TOOL_OUTPUT_MARK
+from telemetry import attributes as attr
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ class TrimStage:
 
     policy: Policy
     count_tokens: Callable[[str], int] | None  # the edge lane's tokenizer; other lanes are estimated
+    pricing: Pricing | None = None  # the cache prices observation masking weighs its steps with
     name: str = "trim"
     operations = TEXT_OPERATIONS
     # Parsed policies per (tenant, app, model): resolving and parsing once, not per request.
@@ -62,17 +66,30 @@ class TrimStage:
         # Counted with the tokenizer of the lane the request goes to: the engine's for the edge
         # lane; upstream models' tokenizers are not at hand, so those counts are estimates.
         count = self.count_tokens if ctx.lane == "edge" else None
+        prices = self._prices(ctx) if policy.agent_context.mode != "off" else None
         if count is None and small_enough_inline(ctx.body):
             # A short request trims in well under a millisecond: less than the hop to a worker
             # thread and back, which also makes the loop wait for the GIL behind that thread.
-            result = trim_request(ctx.body, policy, None)
+            result = trim_request(ctx.body, policy, None, prices)
         else:
-            result = await asyncio.get_running_loop().run_in_executor(None, trim_request, ctx.body, policy, count)
+            result = await asyncio.get_running_loop().run_in_executor(None, trim_request, ctx.body, policy, count,
+                                                                      prices)
+        if policy.agent_context.mode != "off":
+            _record_mask(ctx, result, policy.agent_context.mode)
         _record(ctx, result)
         return None
 
     async def close(self) -> None:
         return None
+
+    def _prices(self, ctx: RequestContext) -> CachePrices:
+        """The answering model's cache prices as multiples of its input price (masking's step rule)."""
+        if self.pricing is None or ctx.lane != "upstream":
+            return CachePrices()
+        price = self.pricing.upstream(ctx.target_model or ctx.model, ctx.pool)
+        if price.input <= 0:
+            return CachePrices()
+        return CachePrices(read=price.cached_input / price.input, write=price.cache_write / price.input)
 
     def _policy_for(self, tenant: str, app: str, model: str) -> TrimPolicy:
         key = (tenant, app, model)
@@ -123,6 +140,18 @@ def cut_tool_results(result: TrimResult) -> int:
     return max(0, marked(result.body["messages"]) - marked(result.source))
 
 
+def _record_mask(ctx: RequestContext, result: TrimResult, mode: str) -> None:
+    """What observation masking did (mode on) or would have done (shadow), for the ledger's pricing."""
+    mask = result.mask
+    ctx.attributes[attr.MASK_MODE] = mode
+    ctx.attributes[attr.MASKED_TOKENS] = mask.masked_tokens
+    ctx.attributes[attr.MASK_WRITE_TOKENS] = mask.rewrite_tokens
+    ctx.attributes["tierlane.trim.masked_results"] = len(mask.masked)
+    if mode == "on" and mask.masked:
+        ctx.response_headers["x-tierlane-mask"] = f"masked={len(mask.masked)};tokens={mask.masked_tokens}" + (
+            ";step" if mask.step else "")
+
+
 def _record(ctx: RequestContext, result: TrimResult) -> None:
     ctx.body["messages"] = result.body["messages"]
     ctx.trim_saved = result.nonzero()
@@ -153,4 +182,4 @@ def build(services: Services) -> TrimStage | None:
         return None
     engine = services.engine
     count = getattr(engine, "count_tokens", None) if engine is not None else None
-    return TrimStage(policy=services.policy, count_tokens=count)
+    return TrimStage(policy=services.policy, count_tokens=count, pricing=Pricing.from_policy(services.policy))

@@ -9,9 +9,11 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from policies.sections import OverrideRule, StrictSection, parse_section
+from policies.trim.agent_context import AgentContextPolicy
 
 LOSSLESS_PASSES: tuple[str, ...] = ("whitespace", "boilerplate", "duplicates")
 BUDGETED_PASSES: tuple[str, ...] = ("tool_output", "history")
+MASKING = "agent_context"  # observation masking (policies/trim/agent_context.py): runs last, priced apart
 PASSES: tuple[str, ...] = LOSSLESS_PASSES + BUDGETED_PASSES
 _MATCH_KEYS = frozenset({"tenant", "app", "model"})  # what the trim stage resolves with
 
@@ -89,9 +91,11 @@ class TrimSection(StrictSection):
     duplicates: _Switch = Field(default_factory=_Switch)
     tool_output: ToolOutputPolicy = Field(default_factory=ToolOutputPolicy)
     history: HistoryPolicy = Field(default_factory=HistoryPolicy)
+    agent_context: AgentContextPolicy = Field(default_factory=AgentContextPolicy)
     overrides: list[OverrideRule] = Field(default_factory=list)
 
-    @field_validator("pin", "whitespace", "boilerplate", "duplicates", "tool_output", "history", mode="before")
+    @field_validator("pin", "whitespace", "boilerplate", "duplicates", "tool_output", "history", "agent_context",
+                     mode="before")
     @classmethod
     def _empty(cls, value: Any) -> Any:
         # NOTE: a sub-section left with only comments in YAML reads as null: its defaults then.
@@ -114,6 +118,7 @@ class TrimPolicy:
     pin_names: frozenset[str]
     message_overhead_tokens: int
     image_part_tokens: int
+    agent_context: AgentContextPolicy = AgentContextPolicy()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> TrimPolicy:
@@ -136,6 +141,7 @@ class TrimPolicy:
             pin_names=frozenset(section.pin.names),
             message_overhead_tokens=section.message_overhead_tokens,
             image_part_tokens=section.image_part_tokens,
+            agent_context=section.agent_context,
         )
 
     @property

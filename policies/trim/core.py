@@ -6,7 +6,9 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from policies.trim.config import PASSES, TrimPolicy
+from policies.trim import agent_context
+from policies.trim.agent_context import CachePrices, MaskPlan
+from policies.trim.config import MASKING, PASSES, TrimPolicy
 from policies.trim.messages import TOOL_ROLES, TokenCounter, validate_messages
 from policies.trim.passes import PASS_FUNCTIONS, Dropped, Item
 from policies.trim.report import TrimResult
@@ -31,9 +33,13 @@ def _pinned(msg: dict[str, Any], policy: TrimPolicy) -> bool:
 
 
 def trim_request(
-    body: dict[str, Any], policy: TrimPolicy, count_tokens: Callable[[str], int] | None = None
+    body: dict[str, Any], policy: TrimPolicy, count_tokens: Callable[[str], int] | None = None,
+    prices: CachePrices | None = None,
 ) -> TrimResult:
     """A trimmed copy of a chat request; the input is never mutated.
+
+    Observation masking (`policy.agent_context`) runs last, over the trimmed messages, with the
+    model's cache `prices` (default: Anthropic's ratios); in shadow mode it is planned, not applied.
 
     Raises `InvalidInput` (with `param`) when the messages are malformed.
     """
@@ -48,7 +54,7 @@ def trim_request(
     for i, m in enumerate(source):
         fixed = _pinned(m, policy)
         items.append(Item(i, m, fixed or i == last_user, fixed, unseen=i > answered and m["role"] in TOOL_ROLES))
-    saved = {name: 0 for name in PASSES}
+    saved = {name: 0 for name in (*PASSES, MASKING)}
     dropped: list[Dropped] = []
     passes = _enabled(policy) if policy.enabled else []
     for _ in range(_MAX_ROUNDS):
@@ -62,7 +68,16 @@ def trim_request(
                 items = new_items
         if not changed:
             break
-    new_body["messages"] = [i.msg for i in items]
+    messages_out = [i.msg for i in items]
+    mask = MaskPlan.none()
+    if policy.enabled and policy.agent_context.mode != "off":
+        mask = agent_context.plan(messages_out, policy.agent_context, prices or CachePrices(), counter.message,
+                                  counter.text)
+        if policy.agent_context.mode == "on" and mask.masked:
+            masked = agent_context.apply(messages_out, mask, counter.text)
+            saved[MASKING] = counter.messages(messages_out) - counter.messages(masked)
+            messages_out = masked
+    new_body["messages"] = messages_out
     return TrimResult(
         body=new_body,
         saved=saved,
@@ -70,6 +85,7 @@ def trim_request(
         dropped=sorted(dropped, key=lambda d: d.index),
         source=source,
         counter=counter,
+        mask=mask,
     )
 
 

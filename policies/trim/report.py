@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.trim.agent_context import MaskPlan
 from policies.trim.config import LOSSLESS_PASSES
 from policies.trim.messages import TokenCounter
 from policies.trim.passes import Dropped
@@ -20,6 +21,8 @@ class TrimResult:
     dropped: list[Dropped] = field(default_factory=list)
     source: list[dict[str, Any]] = field(default_factory=list, repr=False)
     counter: TokenCounter | None = field(default=None, repr=False)
+    # observation masking's plan (applied when its mode is `on`, recorded either way)
+    mask: MaskPlan = field(default_factory=MaskPlan.none)
 
     # Whole-prompt counts are computed on demand: the passes only count the messages they change.
     @property

@@ -105,6 +105,13 @@ def test_a_wrong_cost_answer_moves_its_region_to_the_strong_tier_and_a_restart_k
     # the tenant is not billed for the judging: its usage is two requests
     usage = httpx.get(gw.url + "/v1/usage", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
     assert sum(r["requests"] for r in usage["data"]) == 2
+    # the judging is billed to the operator's own line, as operation `judge`: shown, never a request
+    by_tenant = httpx.get(gw.url + "/v1/usage", params={"group_by": "tenant"}, headers={"Authorization": f"Bearer {ADMIN}"},
+                          timeout=60).json()["data"]  # fmt: skip
+    lines = {r["tenant"]: r for r in by_tenant}
+    assert lines["acme"]["requests"] == 2 and lines["acme"]["judge_requests"] == 0
+    assert lines["_operator"]["requests"] == 0 and lines["_operator"]["judge_requests"] == 2
+    assert lines["_operator"]["judge_cost_usd"] == pytest.approx(row["judge_usd"], rel=1e-6)
     metrics = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).text
     # tenant and app names are bounded on /metrics (unlisted ones are `other`); the region is a label of its own
     assert any(line.startswith("tierlane_route_region_threshold{") and f'region="{row["region"]}"' in line and float(line.rsplit(" ", 1)[1]) == pytest.approx(row["threshold"], abs=1e-4)

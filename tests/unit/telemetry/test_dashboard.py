@@ -312,13 +312,15 @@ def test_an_old_ledger_file_is_migrated_and_its_rollups_caught_up(tmp_path: Path
             assert name in columns
         [old_row] = ledger.read("SELECT escalated, edge_tokens, confidence FROM requests WHERE request_id = 'r2'")
         assert (old_row[0], old_row[1], old_row[2]) == (0, 0, None)  # the defaults fill the old rows
-        for _ in range(100):  # the writer catches up when idle
+        import time
+
+        deadline = time.monotonic() + 60
+        while True:  # the writer catches up when idle
             with ledger.snapshot() as snap:
                 assert snap is not None
                 if dash.rollups_current(snap):
                     break
-            import time
-
+            assert time.monotonic() < deadline, "the rollups never caught up"
             time.sleep(0.05)
         query = DashboardQuery.parse({"from": "2026-03-09", "to": "2026-03-14"})
         report = dash.read_report(ledger, query, budgets=None, now=query.end)
@@ -448,3 +450,26 @@ async def test_metering_fills_the_dashboard_columns(make_telemetry: TelemetryFac
     assert (rows["edge"]["escalated"], rows["edge"]["confidence"], rows["edge"]["escalation_reason"]) == (0, 0.93, None)
     assert rows["hit"]["cache_similarity"] == 0.97 and rows["hit"]["confidence"] is None and rows["hit"]["edge_tokens"] == 0
     assert rows["hit"]["cache_score"] == 0.991 and rows["edge"]["cache_score"] is None
+
+
+async def test_sessions_show_their_cached_share_a_broken_prefix_and_masking(
+    make_telemetry: TelemetryFactory, aiohttp_client: Any
+) -> None:
+    # two agent sessions of five turns: one reads nearly all its input from the provider's cache
+    # after its first turns, the other stops reading it (a prefix broken on the way)
+    warm = [ledger_row(100 + t, 2.0 + t / 60, session="warm", input_tokens=1000, cached_input_tokens=0 if t < 1 else 950,
+                       cost=0.05 - t * 0.001, mask_mode="shadow", masked_tokens=300 * t, saved_mask=0.0001 * t)
+            for t in range(5)]
+    broken = [ledger_row(200 + t, 3.0 + t / 60, session="broken", input_tokens=1000, cached_input_tokens=900 if t < 2 else 0,
+                         cost=0.04) for t in range(5)]
+    h = await seeded(make_telemetry, warm + broken)
+    client = await aiohttp_client(app_for(h))
+    resp = await client.get("/v1/dashboard", params={"from": "2026-03-10", "to": "2026-03-10"}, headers=bearer(ADMIN))
+    sessions = {x["session"]: x for x in (await resp.json())["quality"]["sessions"]}
+    assert sessions["warm"]["cached_share_late"] == pytest.approx(0.95) and not sessions["warm"]["prefix_broken"]
+    assert sessions["warm"]["cached_share"] == pytest.approx(3800 / 5000)
+    assert sessions["broken"]["cached_share_late"] == 0.0 and sessions["broken"]["prefix_broken"]
+    assert sessions["broken"]["cold_turns"] == 3 and sessions["warm"]["cold_turns"] == 0
+    assert sessions["warm"]["mask_mode"] == "shadow" and sessions["warm"]["masked_tokens"] == 3000
+    assert sessions["warm"]["saved_mask_usd"] == pytest.approx(0.001)
+    assert sessions["broken"]["mask_mode"] is None and sessions["broken"]["saved_mask_usd"] == 0.0

@@ -185,3 +185,25 @@ async def test_a_budget_cut_of_tool_output_is_named_in_the_header() -> None:
     other = _ctx([dict(m) for m in messages], tenant="t2")  # not opted in: the result goes whole
     await stage.run(other)
     assert other.body["messages"][2]["content"] == rows and other.response_headers["x-tierlane-trim"] == "none"
+
+
+async def test_masking_in_shadow_mode_records_what_it_would_save_and_changes_nothing() -> None:
+    from telemetry import attributes as attr
+    from tests.unit.trim.test_agent_context import session
+
+    policy = Policy.load(extra=yaml.safe_load(
+        "trim: {overrides: [{match: {tenant: t1}, set: {agent_context: {mode: shadow, keep_turns: 3}}}]}"))
+    stage = build(_services(policy=policy))
+    assert stage is not None
+    messages = session(20)[-1]
+    ctx = _ctx([dict(m) for m in messages])
+    ctx.lane = "upstream"
+    await stage.run(ctx)
+    assert ctx.body["messages"] == messages and "x-tierlane-mask" not in ctx.response_headers
+    assert ctx.attributes[attr.MASK_MODE] == "shadow" and ctx.attributes[attr.MASKED_TOKENS] > 0
+    on = Policy.load(extra=yaml.safe_load("trim: {agent_context: {mode: 'on', keep_turns: 3}}"))
+    ctx = _ctx([dict(m) for m in messages])
+    ctx.lane = "upstream"
+    await build(_services(policy=on)).run(ctx)  # type: ignore[union-attr]
+    assert ctx.response_headers["x-tierlane-mask"].startswith("masked=")
+    assert sum(1 for m in ctx.body["messages"] if str(m.get("content")).startswith("[tierlane: the output")) > 0
