@@ -55,7 +55,7 @@ from gateway.context import Outcome, RequestContext
 from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
 from gateway.route_quality import QualityProbe
-from policies.agreement import judge
+from policies.agreement import judge, judge_calls
 from policies.cache.error_bound import BoundParams
 from policies.domain import Usage
 from policies.pricing import Pricing
@@ -289,6 +289,16 @@ def disagree(ours: str, theirs: str, similarity: float) -> bool:
     return similarity < AGREE if verdict is None else verdict == "disagree"
 
 
+def answer_calls(response: dict[str, Any] | None) -> list[Any]:
+    """The first choice's tool calls of a chat answer ([] when there are none)."""
+    if not isinstance(response, dict):
+        return []
+    choices = response.get("choices") or []
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    return calls if isinstance(calls, list) else []
+
+
 def answer_text(response: dict[str, Any] | None) -> str:
     """The first choice's text of a chat or completions answer ('' when there is none)."""
     if not isinstance(response, dict):
@@ -490,7 +500,7 @@ class ShadowHook:
         config = self._config_for(ctx)
         probe = ctx.quality_probe
         if probe is not None and config.enabled and ctx.lane == "upstream" and ctx.tier in probe.targets:
-            self._judge_tier_soon(ctx, config, probe, answer_text(outcome.response))
+            self._judge_tier_soon(ctx, config, probe, answer_text(outcome.response), answer_calls(outcome.response))
         candidate = self._candidate(ctx)
         if candidate is not None and config.enabled and self.services.embedder is not None:
             self._judge_soon(ctx, candidate, answer_text(outcome.response))
@@ -608,18 +618,21 @@ class ShadowHook:
             self.failed += 1
             log.warning("judging the refused cache candidate of request %s failed: %s", ctx.request_id, exc)
 
-    def _judge_tier_soon(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str) -> None:
-        """Sample a tiered answer for the routing quality bound: the other tier is asked the same request."""
-        if not text or self.services.route_quality is None or self._rng.random() >= probe.params.sample_rate:
+    def _judge_tier_soon(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str,
+                         calls: list[Any] | None = None) -> None:
+        """Sample a tiered answer for the routing quality bound: the other tier is asked the same request.
+        An answer that calls tools is judged by its calls (an agent's turns mostly are)."""
+        if not (text or calls) or self.services.route_quality is None or self._rng.random() >= probe.params.sample_rate:
             return
         before = sum(self.skipped.get(r, 0) for r in ("per_minute", "tenant_per_minute"))
         if not self._admit(ctx, config, reask=True):
             if sum(self.skipped.get(r, 0) for r in ("per_minute", "tenant_per_minute")) > before:
                 self.tier_skipped += 1
             return
-        self._spawn(ctx, self._judge_tier(ctx, config, probe, text))
+        self._spawn(ctx, self._judge_tier(ctx, config, probe, text, calls or []))
 
-    async def _judge_tier(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str) -> None:
+    async def _judge_tier(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str,
+                          calls: list[Any] | None = None) -> None:
         quality = self.services.route_quality
         assert quality is not None and ctx.tier is not None
         other = "strong" if ctx.tier == "cost" else "cost"
@@ -650,11 +663,15 @@ class ShadowHook:
                 if reply.status != 200:
                     raise RuntimeError(f"the {other} tier answered {reply.status}")
                 theirs = answer_text(reply.body)
-                if not theirs:
-                    raise RuntimeError(f"the {other} tier's answer has no text")
-                verdict = judge(text, theirs)
+                # tool calls first: same tools, arguments equal as values (policies/agreement.py)
+                verdict = judge_calls(calls or [], answer_calls(reply.body))
+                by_calls = verdict is not None
+                if not by_calls:
+                    if not theirs:
+                        raise RuntimeError(f"the {other} tier's answer has no text")
+                    verdict = judge(text, theirs)
                 similarity = 1.0 if verdict == "agree" else 0.0
-                if verdict is None or self.services.embedder is not None:
+                if not by_calls and (verdict is None or self.services.embedder is not None):
                     embedder = self.services.embedder
                     if embedder is None:
                         raise RuntimeError("free-text answers need the embedder to be judged")

@@ -302,3 +302,45 @@ def test_the_fleet_totals_count_a_judge_row_as_judging_not_as_a_request() -> Non
                     cache_status="off", route_score=None, judged_tenant="acme", judged_app="web")  # fmt: skip
     assert _amounts(row) == {"judge_requests": 1.0, "judge_input_tokens": 10.0, "judge_output_tokens": 5.0,
                              "judge_cost_usd": 0.5}  # fmt: skip
+
+
+def _tool_answer(name: str, arguments: str) -> dict[str, Any]:
+    message = {"role": "assistant", "content": None,
+               "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message,
+                                                                 "finish_reason": "tool_calls"}]}
+
+
+class ToolPool(FakePool):
+    """The other tier answers with a tool call."""
+
+    def __init__(self, name: str, arguments: str) -> None:
+        super().__init__()
+        self.answer = _tool_answer(name, arguments)
+
+    async def send(self, pool: str, path: str, body: dict[str, Any], **_: Any) -> Any:
+        self.sent.append(body)
+        return SimpleNamespace(status=200, body={**self.answer, "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+
+
+class RecordingQuality(FakeQuality):
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdicts: list[bool] = []
+
+    async def record(self, probe: Any, *, disagree: bool) -> None:
+        self.verdicts.append(disagree)
+
+
+@pytest.mark.parametrize(("theirs", "disagree"), [('{"limit": 20, "file_path": "a.py"}', False),
+                                                   ('{"file_path": "b.py", "limit": 20}', True)])
+async def test_a_tool_call_answer_is_judged_by_its_calls(tmp_path: Path, theirs: str, disagree: bool) -> None:
+    """An agent's turn is a tool call with no text: judged by tool and arguments, never a failed judgement."""
+    pool, clock = ToolPool("Read", theirs), FakeClock()
+    hook = hook_for(tmp_path, pool, clock)
+    quality = hook.services.route_quality = RecordingQuality()  # type: ignore[assignment]
+    ours = Outcome(status=200, response=_tool_answer("Read", '{"file_path": "a.py", "limit": 20}'), complete=True,
+                   finish_reasons=["tool_calls"])
+    await hook.on_complete(tiered("acme", 1), ours)
+    await hook.drain()
+    assert len(pool.sent) == 1 and quality.verdicts == [disagree] and hook.failed == 0
