@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
+from policies.trim.messages import TextMemo
+
 # Fenced code (closed or running to the end), <pre> blocks and inline code spans are kept byte for byte.
 _PROTECTED = re.compile(
     r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[^\n]*(?:\n.*?^[ \t]{0,3}(?P=fence)[ \t]*$|.*\Z)"
@@ -41,8 +43,15 @@ _CODE = re.compile(
 _GAP = re.compile(r"^.*?[^\s.!?:;,] {2,}\S", re.MULTILINE)
 
 
+_CHECKED = TextMemo()
+
+
 def carries_code(text: str) -> bool:
     """Whether `text` holds code, a listing, a diff or a table: then no lossless pass rewrites it."""
+    return bool(_CHECKED.get(text, _carries_code))
+
+
+def _carries_code(text: str) -> bool:
     if _CODE.search(text) is not None:
         return True
     gaps = _GAP.finditer(text)
