@@ -15,6 +15,18 @@
    the p99 latency of that tenant's requests while it ran (beside the same requests with no
    hostile traffic), the gateway's peak RSS growth, 5xx answers, and the hostile tenant's stored
    responses against its quota.
+4. Route bound stall: the routing quality bound at its maximum (4,096 (tenant/app, region) states,
+   1,000 judgements each, every one changed since the last snapshot) is snapshotted by the local
+   log (a compaction) and by a shared-log replica (its offer, the store call a no-op) while a task
+   on the event loop asks a region's threshold every millisecond, as the route stage does: the
+   longest gap between two of its ticks, beside the previous code's way (the whole snapshot built
+   under the bound's lock and serialised in one call on a worker thread) on the same states, and
+   beside the same ticker's longest gap over 2 s of nothing (the machine's own floor).
+   Run alone: --parts route_bound_stall
+5. Store overshoot: a gateway process (keys mode, a fixed-answer upstream, a 10 MiB stored-responses
+   quota) gets 64 concurrent `/v1/responses` requests of 400 KiB each (distinct inputs) from one
+   tenant: the bytes it stored against the quota, and the overshoot in requests (<= 1 wanted).
+   Run alone: --parts store_overshoot
 
 Writes bench/results/hostile_inputs.json. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile_inputs.py
 """
@@ -379,7 +391,161 @@ def bodies(work: Path) -> dict[str, Any]:
     }
 
 
-PARTS = ("schemas", "outage", "outage_idle", "bodies")
+async def _loop_stall(work: Any, bounds: Any, probe: tuple[Any, int, Any]) -> tuple[float, float]:
+    """(the longest gap in ms between two ticks of a task asking `probe`'s threshold every ms, seconds `work` took)."""
+    stop_event = asyncio.Event()
+    worst = 0.0
+
+    async def tick() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not stop_event.is_set():
+            await asyncio.sleep(0.001)
+            bounds.threshold(*probe)
+            now = time.perf_counter()
+            worst, last = max(worst, now - last), now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)
+    worst = 0.0
+    t0 = time.perf_counter()
+    await work()
+    took = time.perf_counter() - t0
+    stop_event.set()
+    await ticker
+    return round(worst * 1000, 1), round(took, 2)
+
+
+async def route_bound_stall(work: Path, n_states: int = 4096, window: int = 1000) -> dict[str, Any]:
+    import gc
+    import json
+    import random
+
+    from policies.route_bound import QualityBound, RouteBounds, Scope
+    from policies.route_bound_log import LocalBoundLog, SharedBoundLog
+
+    params = QualityBound(max_quality_loss=0.05, start=0.6, sample_rate=1.0)
+    probe = (Scope("tenant-0", "app"), 0, params)
+
+    def loaded() -> RouteBounds:
+        rng = random.Random(1)
+        bounds = RouteBounds(window=window, max_states=n_states)
+        bounds.restore_records([  # every state changed since the last snapshot
+            {"tenant": f"tenant-{i}", "app": "app", "region": i % 8, "params": params.as_dict(), "threshold": 0.6,
+             "window": [[rng.random(), int(rng.random() < 0.02)] for _ in range(window)], "since_move": 0,
+             "observed": window, "disagreed": 0, "tightened": 0, "loosened": 0, "at": [i + 1, 0]}
+            for i in range(n_states)], changed=True)  # fmt: skip
+        gc.collect()
+        return bounds
+
+    old_bounds = loaded()
+    idle_gap, _ = await _loop_stall(lambda: asyncio.sleep(2.0), old_bounds, probe)  # this machine's floor
+
+    def old_snapshot() -> dict[str, Any]:  # the previous RouteBounds.snapshot(): every state, under the lock
+        with old_bounds._lock:
+            return {"window": old_bounds.window, "states": [
+                {"scope": f"{scope.tenant}/{scope.app}", "region": region, "params": st.params.as_dict(),
+                 "threshold": st.threshold, "window": [[s, int(d)] for s, d in st.window], "since_move": st.since_move,
+                 "observed": st.observed, "disagreed": st.disagreed, "tightened": st.tightened, "loosened": st.loosened}
+                for (scope, region), st in old_bounds._states.items()]}  # fmt: skip
+
+    async def old_way() -> None:  # the previous compaction: that snapshot, json.dumps'd on a worker thread
+        text = await asyncio.to_thread(lambda: json.dumps(old_snapshot(), separators=(",", ":")))
+        (work / "old-snapshot.json").write_text(text)
+
+    old_gap, old_s = await _loop_stall(old_way, old_bounds, probe)
+    snapshot_mb = round((work / "old-snapshot.json").stat().st_size / 1e6, 1)
+    old_bounds = RouteBounds()
+    local = LocalBoundLog(work / "route-bound", RouteBounds())
+    await local.start()
+    local.bounds = loaded()
+    local_gap, local_s = await _loop_stall(local.close, local.bounds, probe)
+
+    class _NoStore:
+        calls = 0
+
+        async def call(self, *args: Any) -> None:
+            self.calls += 1
+
+    store = _NoStore()
+    shared = SharedBoundLog(store, None, bounds=loaded())
+    shared_gap, shared_s = await _loop_stall(shared._offer_snapshot, shared.bounds, probe)
+    return {"states": n_states, "window": window, "snapshot_mb": snapshot_mb, "idle_loop_gap_ms": idle_gap,
+            "previous_whole_snapshot": {"worst_loop_gap_ms": old_gap, "took_s": old_s},
+            "local_compaction": {"worst_loop_gap_ms": local_gap, "took_s": local_s},
+            "shared_offer": {"worst_loop_gap_ms": shared_gap, "took_s": shared_s, "store_calls": store.calls}}
+
+
+OVERSHOOT_QUOTA = 10 * 1024 * 1024
+OVERSHOOT_CONCURRENT = 64
+OVERSHOOT_INPUT = 400 * 1024
+
+
+def _stored(path: Path) -> dict[str, dict[str, int]]:
+    """Per tenant: records and bytes on disk (the records, plus each stored input once where the schema keeps them apart)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        out = {t: {"records": n, "bytes": b or 0} for t, n, b in conn.execute(
+            "SELECT tenant, COUNT(*), SUM(LENGTH(record)) FROM responses GROUP BY tenant")}
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'inputs'").fetchone():
+            for tenant, size in conn.execute("SELECT tenant, SUM(LENGTH(body)) FROM inputs GROUP BY tenant"):
+                out.setdefault(tenant, {"records": 0, "bytes": 0})["bytes"] += size or 0
+    finally:
+        conn.close()
+    return out
+
+
+async def store_overshoot(work: Path) -> dict[str, Any]:
+    up_port, gw_port = free_port(), free_port()
+    upstream = start([sys.executable, str(Path(__file__).with_name("fast_upstream.py")), "--port", str(up_port)],
+                     f"http://127.0.0.1:{up_port}/v1/models", work / "upstream-overshoot.log")
+    state = work / "state-overshoot"
+    config = {
+        "auth": {"mode": "keys", "keys": [{"sha256": hash_key(HOSTILE_KEY), "tenant": "mallory"}]},
+        "state_dir": str(state),
+        "upstreams": [{"name": "fast", "base_url": f"http://127.0.0.1:{up_port}/v1", "models": ["fast-model"], "retries": 0}],
+        "edge": {"enabled": False},
+        "responses": {"max_bytes_per_tenant": OVERSHOOT_QUOTA},
+    }
+    try:
+        gateway = start(gateway_cmd(config, work / "gateway-overshoot.yaml", gw_port),
+                        f"http://127.0.0.1:{gw_port}/readyz", work / "gateway-overshoot.log")
+    except BaseException:
+        stop(upstream)
+        raise
+    bodies = [orjson.dumps({"model": "fast-model", "max_output_tokens": 4,
+                            "input": f"{i:06d}" + "x" * (OVERSHOOT_INPUT - 6)}) for i in range(OVERSHOOT_CONCURRENT)]
+    headers = {"Authorization": f"Bearer {HOSTILE_KEY}", "Content-Type": "application/json"}
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw_port}", timeout=300,
+                                     limits=httpx.Limits(max_connections=OVERSHOOT_CONCURRENT)) as client:
+            t0 = time.perf_counter()
+            answers = await asyncio.gather(*(client.post("/v1/responses", content=body, headers=headers)
+                                             for body in bodies), return_exceptions=True)
+            seconds = time.perf_counter() - t0
+    finally:
+        stop(gateway)  # records are written behind: on disk once the gateway has closed its store
+        stop(upstream)
+    statuses: dict[str, int] = {}
+    for answer in answers:
+        key = str(answer.status_code) if isinstance(answer, httpx.Response) else type(answer).__name__
+        statuses[key] = statuses.get(key, 0) + 1
+    stored = _stored(state / "responses.sqlite3").get("mallory", {"records": 0, "bytes": 0})
+    request_bytes = len(bodies[0])
+    over = max(0, stored["bytes"] - OVERSHOOT_QUOTA)
+    return {
+        "setup": f"{OVERSHOOT_CONCURRENT} concurrent /v1/responses requests of {OVERSHOOT_INPUT // 1024} KiB "
+                 f"(distinct inputs), one tenant, quota {OVERSHOOT_QUOTA // (1024 * 1024)} MiB",
+        "quota_bytes": OVERSHOOT_QUOTA, "request_bytes": request_bytes, "statuses": statuses,
+        "seconds": round(seconds, 2), "stored_records": stored["records"], "stored_bytes": stored["bytes"],
+        "stored_over_quota": round(stored["bytes"] / OVERSHOOT_QUOTA, 4),
+        "overshoot_bytes": over, "overshoot_requests": round(over / request_bytes, 4),
+    }
+
+
+PARTS = ("schemas", "outage", "outage_idle", "bodies", "route_bound_stall", "store_overshoot")
 
 
 def main() -> None:
@@ -398,7 +564,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tierlane-hostile-") as tmp:
         work = Path(tmp)
         runs = {"schemas": lambda: schemas(work), "outage": lambda: asyncio.run(outage(work)),
-                "outage_idle": lambda: asyncio.run(outage_idle(work)), "bodies": lambda: bodies(work)}
+                "outage_idle": lambda: asyncio.run(outage_idle(work)), "bodies": lambda: bodies(work),
+                "route_bound_stall": lambda: asyncio.run(route_bound_stall(work)),
+                "store_overshoot": lambda: asyncio.run(store_overshoot(work))}
         result = {part: runs[part]() if part in wanted else kept.get(part, {}) for part in PARTS}
     path = write("hostile_inputs", {**result, "verdicts": verdicts("hostile_inputs", result)})
     print(path.read_text())

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from policies.route_bound import QualityBound, RegionStats, RouteBounds
+from policies.route_bound import QualityBound, RegionStats, RouteBounds, Scope
 from policies.route_bound_log import BoundLog, LocalBoundLog, SharedBoundLog
 from policies.router.policy import lanes_sections
 from policies.router.regions import Regions
@@ -31,7 +31,7 @@ Target = tuple[str | None, str | None]  # (pool, model)
 class QualityProbe:
     """Where one tiered request stands under the bound: what the shadow stage needs to judge it."""
 
-    scope: str  # tenant/app
+    scope: Scope  # tenant and app, apart
     region: int
     params: QualityBound
     score: float  # the router's score

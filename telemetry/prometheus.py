@@ -90,7 +90,8 @@ class BoundCollector:
         families = self.describe()
         seen: set[tuple[str, ...]] = set()
         for st in self._read():
-            tenant, _, app = st.scope.partition("/")
+            scope = st.scope  # the cache bound's `tenant/app`, or the route bound's Scope
+            tenant, app = (scope.tenant, scope.app) if hasattr(scope, "tenant") else scope.partition("/")[::2]
             labels: tuple[str, ...] = (self._tenant(tenant), self._app(app))
             if len(self._labels) == 3:
                 labels = (*labels, str(st.region))

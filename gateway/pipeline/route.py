@@ -4,6 +4,10 @@ For `auto`, in order: capabilities (what the edge cannot do goes upstream), the 
 (the cascade's calibration, or the router where the cascade is off), then, where the tenant/app
 has upstream tiers, the router's score picks the tier of whatever goes upstream (escalations
 included): strong at or above the threshold of its target, cost below.
+
+Agent sessions (`lanes.agents`, policies/router/agent_lanes.py), before all that: an agent's
+background call goes to the cost tier (or the edge), and a session's main-loop turn to its
+session's tier, computed from the conversation itself so that every replica picks the same one.
 """
 
 from __future__ import annotations
@@ -22,9 +26,20 @@ from gateway.context import Answer, RequestContext, RouteDecision, request_promp
 from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.lanes import AUTO, FORCEABLE, ROUTE_HEADER
 from gateway.pipeline.base import TEXT_OPERATIONS
-from gateway.pipeline.cache_lookup import bound_scope
 from gateway.pipeline.embed import ensure_embedding
 from gateway.route_quality import QualityProbe
+from policies.cache.scope import embedding_text
+from policies.route_bound import Scope
+from policies.router.agent_lanes import (
+    FirstScores,
+    background_reason,
+    fingerprint,
+    first_user_message,
+    has_tools,
+    model_tier,
+    session_tier,
+    short_or_json,
+)
 from policies.router.features import Prompt, last_user_text
 from policies.router.model import Router
 from policies.router.policy import TIERS, LaneTarget, RoutePolicy, RouteRules
@@ -80,6 +95,8 @@ class RouteStage:
         # the configured embedder.precision: the cache may store the fallback's vector
         self.fallback_precision = fallback_precision
         self.quality = quality  # lanes.upstream.tiers.max_quality_loss: a threshold per region
+        # lanes.agents.session_tiers: the router's score of each session's first user message (a saving only)
+        self.first_scores = FirstScores()
 
     def available(self, lane: str) -> bool:
         if lane != "edge":
@@ -118,6 +135,8 @@ class RouteStage:
                 await self._check_pinned(ctx)
             score = await (self._tier_score(ctx, rules) if lane == "upstream" else self._free_score(ctx))
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
+            return None
+        if await self._agent_route(ctx, rules):
             return None
         usable = [lane for lane in rules.lanes if self.available(lane)]
         if not usable:
@@ -172,6 +191,89 @@ class RouteStage:
         decision, target = RoutePolicy.decide_with(rules, score)
         self._apply(ctx, decision, target, rules)
         return None
+
+    async def _agent_route(self, ctx: RequestContext, rules: RouteRules) -> bool:
+        """`lanes.agents`: an agent's background call, or a session's main-loop turn on its session's
+        tier (True: routed here)."""
+        agents = rules.agents
+        if ctx.operation != "chat" or not (agents.background.enabled or agents.session_tiers.enabled):
+            return False
+        model = client_model(ctx)
+        if agents.background.enabled:
+            why = background_reason(ctx.body, model, agents.background)
+            if why is not None and await self._background(ctx, rules, why):
+                return True
+        if (agents.session_tiers.enabled and ctx.session is not None and has_tools(ctx.body)
+                and rules.tiers is not None and rules.allows("upstream") and self.available("upstream")):
+            return await self._session(ctx, rules, model)
+        return False
+
+    async def _background(self, ctx: RequestContext, rules: RouteRules, why: str) -> bool:
+        """A background call: to the edge (lane: edge, where it runs, is allowed, the answer is short
+        or a JSON object and the edge can serve it), else to the cost tier (or the one upstream)."""
+        settings = rules.agents.background
+        cost = rules.tiers["cost"] if rules.tiers is not None else rules.upstream
+        ctx.attributes["tierlane.route.background"] = why
+        if (settings.lane == "edge" and rules.allows("edge") and self.available("edge") and self.capabilities is not None
+                and short_or_json(ctx.body, settings) and not await self.capabilities.gaps(ctx.operation, ctx.body)):
+            self._apply(ctx, RouteDecision("edge", None, "background", rules.threshold), rules.edge, rules, tier=cost)
+            return True
+        if rules.allows("upstream") and self.available("upstream"):
+            self._apply(ctx, RouteDecision("upstream", None, "background", rules.threshold), cost, rules, tier=cost)
+            return True
+        return False  # nowhere to put it by policy: routed like any request
+
+    async def _session(self, ctx: RequestContext, rules: RouteRules, model: str | None) -> bool:
+        """A session's main-loop turn: the tier of its first user message (or of an operator rule on
+        the model named), moved up to strong for good once the conversation shows a run signal.
+
+        NOTE: the routing quality bound (lanes.upstream.tiers.max_quality_loss) moves per-request
+        picks only: a session's tier is not re-picked per turn, so it is neither bounded nor probed."""
+        assert rules.tiers is not None and ctx.session is not None
+        settings = rules.agents.session_tiers
+        base = model_tier(model, settings)
+        score: float | None = None
+        if base is None:
+            score = await self._first_score(ctx)
+            if score is None:
+                return False  # no user message to key the session's tier on: routed per request
+            tier_target = rules.tier_for(score)
+            assert tier_target.tier is not None
+            base = tier_target.tier
+            ctx.attributes["tierlane.route.session_source"] = "first_message"
+        else:
+            ctx.attributes["tierlane.route.session_source"] = "model_tiers"
+        tier, reason = session_tier(base, ctx.body, settings)
+        ctx.attributes["tierlane.route.session_tier"] = base
+        target = rules.tiers[tier]
+        self._apply(ctx, RouteDecision("upstream", score, reason, rules.threshold), target, rules, tier=target)
+        return True
+
+    async def _first_score(self, ctx: RequestContext) -> float | None:
+        """The router's score of the session's first user message (kept per session, LRU)."""
+        first = first_user_message(ctx.body)
+        if first is None:
+            return None
+        key = (ctx.principal.tenant, ctx.principal.app, str(ctx.session))
+        digest = fingerprint(first["content"])
+        score = self.first_scores.get(key, digest)
+        if score is None:
+            prompt: Prompt = [first]
+            score = self.router.score(prompt, await self._embed_message(ctx, prompt))
+            self.first_scores.put(key, digest, score)
+        return score
+
+    async def _embed_message(self, ctx: RequestContext, prompt: Prompt) -> np.ndarray:
+        """The embedding of `prompt`'s user text (the request's own where that is the same text)."""
+        text = embedding_text({"messages": prompt})
+        if ctx.embedding is not None and text == embedding_text(ctx.body):
+            return np.asarray(ctx.embedding)
+        if self.embedder is not None and text:
+            return np.asarray(await self.embedder.embed(text))
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="route-embed")
+        return np.asarray(await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._encode, last_user_text(prompt)))
 
     def _named_tier(self, ctx: RequestContext, rules: RouteRules) -> str | None:
         """The upstream tier whose model a request names explicitly (None: no tiers, or none matches)."""
@@ -254,9 +356,14 @@ class RouteStage:
             self._fallback_encoder = load_encoder(precision=self.fallback_precision)
         return np.asarray(self._fallback_encoder.encode([text])[0], dtype=np.float32)
 
-    def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules) -> None:
+    def _apply(self, ctx: RequestContext, decision: RouteDecision, target: LaneTarget, rules: RouteRules,
+               tier: LaneTarget | None = None) -> None:
+        """`tier`: the upstream target the policy fixed (lanes.agents), not the router's pick."""
         tiered = rules.tiers is not None and decision.score is not None
-        if decision.lane == "upstream" and tiered:
+        if tier is not None:
+            if decision.lane == "upstream":
+                target = tier
+        elif decision.lane == "upstream" and tiered:
             assert decision.score is not None
             target = self._tier(ctx, rules, decision.score)
             if decision.reason in TIER_REASONS:
@@ -272,7 +379,12 @@ class RouteStage:
             if (ctx.auto and decision.reason != "forced" and self.cascade is not None
                     and self.available("upstream") and rules.allows("upstream")):
                 # where the cascade sends an edge answer that fails its check: the tier the router picks
-                fallback = self._tier(ctx, rules, decision.score) if tiered and decision.score is not None else rules.upstream
+                if tier is not None:
+                    fallback = tier
+                elif tiered and decision.score is not None:
+                    fallback = self._tier(ctx, rules, decision.score)
+                else:
+                    fallback = rules.upstream
                 ctx.fallback = self._upstream_target(ctx, fallback)
                 ctx.fallback_tier = fallback.tier
                 if fallback.tier is not None:
@@ -293,7 +405,7 @@ class RouteStage:
         region = quality.region_of(ctx.embedding)
         if region is None:
             return rules.tier_for(score)
-        scope = bound_scope(ctx.principal.tenant, ctx.principal.app)
+        scope = Scope(ctx.principal.tenant, ctx.principal.app)
         bound = quality.params(bound)
         threshold = quality.bounds.threshold(scope, region, bound)
         ctx.quality_probe = QualityProbe(scope, region, bound, float(score), threshold,
@@ -325,6 +437,13 @@ class RouteStage:
             attrs["tierlane.route.precision"] = target.precision
         if target is not None and target.tier is not None and decision.lane == "upstream":
             attrs["tierlane.route.tier"] = target.tier
+
+
+def client_model(ctx: RequestContext) -> str | None:
+    """The model name the client asked for, before the settings' model_aliases and tier_names."""
+    named = ctx.client_model or ctx.attributes.get("tierlane.model.alias_of") or ctx.attributes.get(
+        "tierlane.route.named_model")
+    return str(named) if named else ctx.model
 
 
 def _no_model(pool: str | None) -> str | None:

@@ -107,7 +107,7 @@ def route_bound(quality: RouteQuality, tenant: str | None) -> list[dict[str, Any
     """The routing quality bound per tenant/app and region (lanes.upstream.tiers.max_quality_loss)."""
     out = []
     for st in sorted(quality.stats(), key=lambda s: (s.scope, s.region)):
-        scope_tenant, _, app = st.scope.partition("/")
+        scope_tenant, app = st.scope.tenant, st.scope.app
         if tenant is not None and scope_tenant != tenant:
             continue
         share = st.strong_share

@@ -9,6 +9,7 @@ from typing import Any
 from policies.domain import RouteDecision
 from policies.policy import Policy
 from policies.route_bound import QualityBound
+from policies.router.agent_lanes import AgentRules, parse_agents
 from policies.router.calibration import TARGET_MODES
 from policies.router.model import Router
 
@@ -46,6 +47,7 @@ class RouteRules:
     models: tuple[str, ...] | None = None  # `lanes.models`: the model names (globs) it may name; None: any
     tier_names: str = "direct"  # `lanes.tier_names`: a named tier model is served directly, or routed as `auto`
     quality: QualityBound | None = None  # `lanes.upstream.tiers.max_quality_loss`: the routing quality bound; None: off
+    agents: AgentRules = AgentRules()  # `lanes.agents`: background calls and session tiers (policies/router/agent_lanes.py)
 
     def allows(self, lane: str) -> bool:
         return lane in self.lanes
@@ -216,6 +218,7 @@ class RoutePolicy:
             raise ValueError(f"lanes.tier_names must be direct or auto, got {tier_names!r}")
         threshold = self._threshold(mode, value)
         return RouteRules(
+            agents=parse_agents(lanes_sec.get("agents")),
             quality=_quality(upstream, threshold),
             models=None if models is None else tuple(models),
             tier_names=tier_names,

@@ -19,7 +19,7 @@ import pytest
 from tests.support import agents
 from tests.support.agent_model import ANSWER_PREFIX, MODEL, AgentModel
 from tests.support.background import RunningApp
-from tests.support.config import upstream_cfg
+from tests.support.config import PASS_THROUGH, upstream_cfg
 
 pytestmark = pytest.mark.agents
 
@@ -48,12 +48,29 @@ def ledger_rows(gw: RunningApp, state: Path) -> list[dict[str, Any]]:
         conn.close()
 
 
-def run_loop(bg, make_gateway, tmp_path: Path, workdir: Path, agent: agents.Agent, model: str | None = None
-             ) -> tuple[AgentModel, list[dict[str, Any]], str]:
+# lanes.agents on (background calls on the cost tier, one tier per session), with the router picking
+# between two tiers that are both the scripted model (under two pool names)
+AGENT_LANES: dict[str, Any] = {
+    **PASS_THROUGH, "embedder": {"enabled": True},
+    "policy": {**PASS_THROUGH["policy"], "router": {"enabled": True},
+               "lanes": {"upstream": {"tiers": {"cost": {"pool": "standard", "model": MODEL},
+                                                "strong": {"pool": "critical", "model": MODEL}}},
+                         "agents": {"background": {"enabled": True}, "session_tiers": {"enabled": True}}}},
+}
+
+
+def run_loop(bg, make_gateway, tmp_path: Path, workdir: Path, agent: agents.Agent, model: str | None = None,
+             agent_lanes: bool = False) -> tuple[AgentModel, list[dict[str, Any]], str]:
     scripted = AgentModel(files=[str(workdir / "notes.txt"), str(workdir / "todo.txt")])
     upstream = RunningApp(bg, scripted.app())
     try:
-        gw = make_gateway(upstreams=[upstream_cfg("model", upstream.url + "/v1", models=[MODEL])], model_aliases=ALIASES)
+        if agent_lanes:
+            gw = make_gateway(base=AGENT_LANES, model_aliases=ALIASES, upstreams=[
+                upstream_cfg("cost", upstream.url + "/v1", models=[MODEL], pool="standard"),
+                upstream_cfg("strong", upstream.url + "/v1", models=[MODEL], pool="critical")])
+        else:
+            gw = make_gateway(upstreams=[upstream_cfg("model", upstream.url + "/v1", models=[MODEL])],
+                              model_aliases=ALIASES)
         out = agents.run(agent, gw.url, workdir, tmp_path / "home", PROMPT, model=model)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         return scripted, ledger_rows(gw, tmp_path / "state"), out.stdout
@@ -100,6 +117,18 @@ def test_codex_finishes_a_tool_loop_with_custom_and_hosted_tools(bg, make_gatewa
     tools = {tool["function"]["name"]: tool["function"] for tool in scripted.requests[0]["tools"]}
     assert tools["apply_patch"]["parameters"]["required"] == ["input"]
     assert "tool_search" in tools and "web_search" not in tools
+
+
+@pytest.mark.parametrize(("agent", "api"), [(agents.CLAUDE, "messages"), (agents.CODEX, "responses")],
+                         ids=["claude-code", "codex"])
+def test_the_agents_finish_with_background_lanes_and_session_tiers_on(bg, make_gateway, tmp_path, workdir, agent, api):
+    scripted, rows, stdout = run_loop(bg, make_gateway, tmp_path, workdir, agent, agent_lanes=True)
+    check_loop(scripted, rows, stdout, api)
+    main = [row for row in rows if row["route_reason"] != "background"]
+    assert len(main) >= 3 and all(row["route_reason"].startswith("session_") for row in main), \
+        [(row["tier"], row["route_reason"]) for row in rows]
+    assert len({row["tier"] for row in main}) == 1 and None not in {row["tier"] for row in main}  # one tier
+    assert all(row["tier"] == "cost" for row in rows if row["route_reason"] == "background")
 
 
 def test_the_scripted_model_speaks_the_chat_wire(bg, tmp_path):
