@@ -355,6 +355,35 @@ def _agents(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _agent_sessions(d: dict[str, Any]) -> list[Record]:
+    """Recorded agent sessions replayed through the gateway to a pricing upstream (bench/agent_sessions.py)."""
+    out: list[Record] = []
+    results = d.get("results", {})
+    calls = d.get("model_calls", {})
+    for config, role in ((d.get("shipped"), "shipped defaults"), (d.get("everything_on"), "everything on")):
+        r = results.get(config) or {}
+        for agent, figures in r.items():
+            if not isinstance(figures, dict) or "billed_vs_pass_through" not in figures:
+                continue
+            n = calls.get(agent)
+            bound = 1.0 if role == "shipped defaults" else 0.6
+            out.append(target(f"{role} ({config}), {agent}: billed / pass-through", figures["billed_vs_pass_through"], "<=",
+                              bound, n=n, n_of="model calls"))
+            out.append(rate(f"{role} ({config}), {agent}: tool results whole on their first appearance",
+                            int(figures["tool_results_whole_first"]), int(figures["tool_results"]), ">=", 1.0,
+                            n_of="tool results"))
+            if role == "everything on":
+                out.append(target(f"{role} ({config}), {agent}: cached-read share - pass-through's",
+                                  figures["cached_share_minus_pass_through"], ">=", -0.05, n=n, n_of="model calls"))
+                out.append(target(f"{role} ({config}), {agent}: broken tool pairs", figures["broken_tool_pairs"], "<=", 0,
+                                  n=n, n_of="model calls"))
+                out.append(target(f"{role} ({config}), {agent}: gateway added time per turn, p50 ms",
+                                  figures["added_ms_p50"], "<=", 2, n=figures["requests"], n_of="requests"))
+    if not out:
+        out.append(not_exercised("agent_sessions", "<=", 1.0, "no session was replayed"))
+    return out
+
+
 def _front_doors(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     verdict, n = d.get("verdict", {}), d.get("requests_per_api")
@@ -626,6 +655,7 @@ def _embedding_precision(d: dict[str, Any]) -> list[Record]:
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "agents": _agents,
+    "agent_sessions": _agent_sessions,
     "hostile_inputs": _hostile_inputs,
     "image": _image,
     "agreement_judge": _agreement_judge,

@@ -227,6 +227,26 @@ def render_agents(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_agent_sessions(data: dict[str, Any]) -> list[str]:
+    calls = data.get("model_calls", {})
+    rows = []
+    for config, r in data.get("results", {}).items():
+        for agent, t in r.items():
+            if not isinstance(t, dict) or "billed_usd" not in t:
+                continue
+            tiers = ", ".join(f"{k} {v}" for k, v in (t.get("upstream_requests_per_tier") or {}).items() if v)
+            rows.append([config, f"{agent} ({calls.get(agent, '?')} calls)", _num(t["billed_usd"]), _num(t["billed_vs_pass_through"]),
+                         _num(t["cached_read_share"]), _num(t["cache_write_tokens"]), _num(t.get("masked_tokens", 0)),
+                         f"{t['tool_results_whole_first']}/{t['tool_results']}", t["broken_tool_pairs"], tiers or "–",
+                         f"{_num(t['added_ms_p50'])} / {_num(t['added_ms_p99'])}"])
+    lines = [f"Recorded sessions of the real CLIs ({data.get('files_read')} files of this repository read, one call each; "
+             f"the long session reads more), replayed through the gateway to a provider that reads what it cached within "
+             f"{_num(data.get('ttl_s'))} s and writes the rest. {data.get('note', '')}.", ""]
+    return lines + _table(["configuration", "session", "billed USD", "/ pass-through", "cached-read share", "cache writes",
+                           "tokens masked", "tool results whole first", "broken pairs", "upstream calls by tier",
+                           "added p50 / p99 ms"], rows)
+
+
 def render_prefix_affinity(data: dict[str, Any]) -> list[str]:
     rows = []
     for name, r in data.get("runs", {}).items():
@@ -815,6 +835,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
     "agents": render_agents,
+    "agent_sessions": render_agent_sessions,
     "shared_state": render_shared_state,
     "demo": render_demo,
     "edge_engine": render_edge_engine,

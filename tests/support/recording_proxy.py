@@ -23,6 +23,7 @@ class Recorded:
     method: str
     path: str
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # as the client sent them, less hop-by-hop ones
 
 
 @dataclass
@@ -43,11 +44,11 @@ class RecordingProxy:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(Recorded(request.method, request.path, body))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP}
+        self.requests.append(Recorded(request.method, request.path, body, headers))
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         session = self._session
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP}
         async with session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as up:
             response = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items()
                                                                      if k.lower() not in _SKIP})
