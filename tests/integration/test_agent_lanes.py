@@ -10,7 +10,6 @@ reaches the model as "Error: ...").
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from gateway.auth import hash_key
+from tests.integration.test_agents import ledger_rows
 from tests.support.background import RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
 from tests.support.faults import Recorder, fault_app
@@ -67,13 +67,8 @@ def post(gw: RunningApp, key: str, body: dict[str, Any]) -> httpx.Response:
 
 
 def rows(gw: RunningApp, state: Path) -> list[dict[str, Any]]:
-    assert httpx.get(gw.url + "/v1/usage", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30).status_code == 200
-    conn = sqlite3.connect(state / "ledger.sqlite3")
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT tenant, session, tier, model, route_reason FROM requests ORDER BY id")]
-    finally:
-        conn.close()
+    columns = ("tenant", "session", "tier", "model", "route_reason")
+    return [{k: row[k] for k in columns} for row in ledger_rows(gw, state, ADMIN)]
 
 
 def metadata(session: str) -> dict[str, str]:

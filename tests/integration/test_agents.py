@@ -38,8 +38,9 @@ def workdir(tmp_path: Path) -> Path:
     return work
 
 
-def ledger_rows(gw: RunningApp, state: Path) -> list[dict[str, Any]]:
-    assert httpx.get(gw.url + "/v1/usage", timeout=30).status_code == 200  # flushes the ledger
+def ledger_rows(gw: RunningApp, state: Path, key: str | None = None) -> list[dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    assert httpx.get(gw.url + "/v1/usage", headers=headers, timeout=30).status_code == 200  # flushes the ledger
     conn = sqlite3.connect(state / "ledger.sqlite3")
     conn.row_factory = sqlite3.Row
     try:

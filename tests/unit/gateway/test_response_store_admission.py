@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from typing import Any
 
 import pytest
 
@@ -16,21 +15,7 @@ from gateway.apis.response_store import (
     StoreFull,
     Usage,
 )
-
-BIG = "z" * 100_000
-
-
-def record(rid: str, text: str = BIG) -> dict[str, Any]:
-    return {"response": {"id": rid, "output": [{"type": "message", "content": "ok"}]},
-            "input": [{"type": "message", "role": "user", "content": text}], "previous": None, "session": None}
-
-
-def rows(path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(path)
-    try:
-        return list(conn.execute(sql))
-    finally:
-        conn.close()
+from tests.unit.gateway.test_response_store_inputs import BIG, record
 
 
 def test_64_concurrent_reservations_pass_the_quota_by_at_most_one_request_and_failures_release(tmp_path):
