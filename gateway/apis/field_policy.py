@@ -82,6 +82,15 @@ class Dropped:
                                  code="unknown_parameter")
         self.add(f"input.{kind}")
 
+    def part(self, name: str, param: str, what: str) -> None:
+        """Content a chat model cannot take (a PDF, a file by id): like an unknown field, dropped and
+        named, or a 400 naming it under `reject`."""
+        if self.unknown_fields == "reject":
+            raise InvalidRequest(f"{what} cannot be passed on to a chat model (apis.unknown_fields is reject; set it to "
+                                 "drop to send the rest of the request without it)", param=param,
+                                 code="unsupported_content")
+        self.add(name)
+
     def hosted(self, kind: str, param: str, name: str | None = None) -> None:
         """A tool the provider would run (web search, MCP, ...): dropped, or a 400 under `reject`."""
         if self.hosted_tools == "reject":

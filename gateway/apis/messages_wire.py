@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag, model_validator
 
 from gateway import protocol
 from gateway.apis.field_policy import Dropped, KnownFields
@@ -73,10 +73,27 @@ class ToolUseBlock(_Block):
 ResultPart = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
 
 
+class SearchResultBlock(_Block):
+    """A search result the client found (RAG): passed on as text, title and source first."""
+
+    type: Literal["search_result"]
+    source: StrictStr
+    title: StrictStr
+    content: list[TextBlock]
+    citations: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        return "\n".join([self.title, self.source, *(part.text for part in self.content)])
+
+
+# what a client's tool result carries: search results too (a client's own search tool)
+ToolResultPart = Annotated[TextBlock | ImageBlock | SearchResultBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: StrictStr
-    content: StrictStr | list[ResultPart] | None = None
+    content: StrictStr | list[ToolResultPart] | None = None
     is_error: StrictBool | None = None
 
 
@@ -84,7 +101,83 @@ class ThinkingBlock(_Open):
     type: Literal["thinking", "redacted_thinking"]
 
 
-Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+class DocumentSource(_Open):
+    """A document's source: plain text (`text`), content blocks (`content`), or what a chat model
+    cannot read (a base64 PDF, a URL, a file id)."""
+
+    type: StrictStr
+    media_type: StrictStr | None = None
+    data: StrictStr | None = None
+    url: StrictStr | None = None
+    content: StrictStr | list[ResultPart] | None = None
+
+
+class DocumentBlock(_Block):
+    type: Literal["document"]
+    source: DocumentSource
+    title: StrictStr | None = None
+    context: StrictStr | None = None
+    citations: dict[str, Any] | None = None
+
+    def text(self) -> str | None:
+        """The document as text (its title first), or None when its source is not text."""
+        source = self.source
+        if source.type == "text" and source.data is not None:
+            body = source.data
+        elif source.type == "content" and source.content is not None:
+            if isinstance(source.content, str):
+                body = source.content
+            elif all(isinstance(part, TextBlock) for part in source.content):
+                body = "\n".join(part.text for part in source.content if isinstance(part, TextBlock))
+            else:
+                return None
+        else:
+            return None
+        return f"{self.title}\n{body}" if self.title else body
+
+
+class ContainerUploadBlock(_Block):
+    """A file for the provider's code-execution container: the hosted-tools policy."""
+
+    type: Literal["container_upload"]
+    file_id: StrictStr | None = None
+
+
+class ServerToolBlock(_Open):
+    """A call of a tool the provider runs (`server_tool_use`, `mcp_tool_use`) or its result
+    (`web_search_tool_result`, `code_execution_tool_result`, ...: any `*_tool_result` but the
+    client's `tool_result`): a chat upstream cannot run them, so the hosted-tools policy decides."""
+
+    type: StrictStr
+
+
+_BLOCK_TAGS = frozenset({"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "document",
+                         "search_result", "container_upload"})
+_SERVER_TOOL_USES = frozenset({"server_tool_use", "mcp_tool_use"})
+
+
+def _block_type(value: Any) -> str | None:
+    """A block's tag: its `type`, `server_tool` for the provider's own tools' calls and results."""
+    tag = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(tag, str):
+        return None
+    if tag in _SERVER_TOOL_USES or (tag.endswith("_tool_result") and tag not in _BLOCK_TAGS):
+        return "server_tool"
+    return "thinking" if tag == "redacted_thinking" else tag
+
+
+Block = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[DocumentBlock, Tag("document")]
+    | Annotated[SearchResultBlock, Tag("search_result")]
+    | Annotated[ContainerUploadBlock, Tag("container_upload")]
+    | Annotated[ServerToolBlock, Tag("server_tool")],
+    Discriminator(_block_type),
+]
 
 
 class Message(_Closed):
@@ -198,19 +291,30 @@ def to_chat(req: _Prompt, raw: dict[str, Any], record: Dropped | None = None) ->
             system = "\n".join(block.text for block in req.system)
             marks = any(block.cache_control is not None for block in req.system)
         messages.append({"role": "system", "content": system})
+    emptied = False  # the turn before was left empty by dropping: the next one may join its neighbour
     for i, message in enumerate(req.messages):
         if isinstance(message.content, str):
-            messages.append({"role": message.role, "content": message.content})
+            _append(messages, [{"role": message.role, "content": message.content}], emptied)
+            emptied = False
             continue
         marks = marks or any(getattr(b, "cache_control", None) is not None for b in message.content)
         if any(isinstance(b, ThinkingBlock) for b in message.content):
             dropped.add("thinking_blocks")
+        param = f"messages[{i}].content"
         if message.role == "assistant":
-            messages.append(_assistant(message.content, f"messages[{i}].content"))
+            turn = _assistant(message.content, param, dropped)
         elif message.role == "system":
-            messages.append(_system(message.content, f"messages[{i}].content"))
+            turn = [_system(message.content, param)]
         else:
-            messages.extend(_user(message.content, f"messages[{i}].content"))
+            turn = _user(message.content, param, dropped)
+        if not turn:
+            emptied = True
+            continue
+        _append(messages, turn, emptied)
+        emptied = False
+    if all(m["role"] == "system" for m in messages):
+        raise InvalidRequest("no message is left once the blocks a chat model cannot take are dropped",
+                             param="messages", code="missing_required_parameter")
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if req.tools:
         marks = marks or any(tool.cache_control is not None for tool in req.tools)
@@ -267,7 +371,36 @@ def _tool(tool: Tool, param: str, dropped: Dropped) -> dict[str, Any] | None:
     return {"type": "function", "function": function}
 
 
-def _assistant(blocks: list[Any], param: str) -> dict[str, Any]:
+def _append(messages: list[dict[str, Any]], turn: list[dict[str, Any]], emptied: bool) -> None:
+    """Add a turn's chat messages. After a turn left empty by dropping, a user (or assistant)
+    message that would follow one of its own role joins it: chat templates want roles to alternate."""
+    first = turn[0]
+    last = messages[-1] if messages else None
+    if emptied and last is not None and last["role"] == first["role"] and first["role"] in ("user", "assistant") \
+            and "tool_calls" not in last:
+        if first["role"] == "user":
+            parts = [*_as_parts(last["content"]), *_as_parts(first["content"])]
+            last["content"] = text_or_parts(parts)
+        else:
+            last["content"] = "\n".join(text for text in (last["content"], first["content"]) if text)
+            if "tool_calls" in first:
+                last["tool_calls"] = first["tool_calls"]
+        turn = turn[1:]
+    messages.extend(turn)
+
+
+def _as_parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _server_tool(block: Any, param: str, dropped: Dropped) -> None:
+    """A provider-run tool's call or result in the history: the hosted-tools policy."""
+    dropped.hosted(str(block.type), f"{param}.type", name=f"messages.content.{block.type}")
+
+
+def _assistant(blocks: list[Any], param: str, dropped: Dropped) -> list[dict[str, Any]]:
+    """The assistant message of a turn; none when every block was dropped (a chat template cannot
+    render an assistant message with nothing in it)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
@@ -276,13 +409,17 @@ def _assistant(blocks: list[Any], param: str) -> dict[str, Any]:
         elif isinstance(block, ToolUseBlock):
             arguments = orjson.dumps(block.input).decode()
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+        elif isinstance(block, ServerToolBlock):
+            _server_tool(block, f"{param}[{j}]", dropped)
         elif not isinstance(block, ThinkingBlock):
             raise InvalidRequest(f"an assistant turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
+    if not texts and not calls and any(isinstance(block, ServerToolBlock) for block in blocks):
+        return []
     # a string even beside tool calls: many self-hosted chat templates cannot render a null content
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         out["tool_calls"] = calls
-    return out
+    return [out]
 
 
 def _system(blocks: list[Any], param: str) -> dict[str, Any]:
@@ -295,19 +432,32 @@ def _system(blocks: list[Any], param: str) -> dict[str, Any]:
     return {"role": "system", "content": "\n".join(texts)}
 
 
-def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
+def _user(blocks: list[Any], param: str, dropped: Dropped) -> list[dict[str, Any]]:
     """Tool results become tool messages (first, as chat wants them), the rest one user message."""
     results: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
+        at = f"{param}[{j}]"
         if isinstance(block, ToolResultBlock):
-            results.append(_tool_result(block, f"{param}[{j}]"))
+            results.append(_tool_result(block, at))
         elif isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):
             parts.append({"type": "image_url", "image_url": {"url": block.source.data_url()}})
+        elif isinstance(block, SearchResultBlock):
+            parts.append({"type": "text", "text": block.text()})
+        elif isinstance(block, DocumentBlock):
+            text = block.text()
+            if text is None:  # a PDF, a URL, a file: a chat model reads text only
+                dropped.part("messages.content.document", at, f"a {block.source.type} document")
+            else:
+                parts.append({"type": "text", "text": text})
+        elif isinstance(block, ContainerUploadBlock):
+            dropped.hosted(block.type, f"{at}.type", name="messages.content.container_upload")
+        elif isinstance(block, ServerToolBlock):
+            _server_tool(block, at, dropped)
         elif not isinstance(block, ThinkingBlock):
-            raise InvalidRequest(f"a user turn cannot carry a {block.type} block", param=f"{param}[{j}].type")
+            raise InvalidRequest(f"a user turn cannot carry a {block.type} block", param=f"{at}.type")
     if not parts:
         return results
     return [*results, {"role": "user", "content": text_or_parts(parts)}]
@@ -327,7 +477,8 @@ def _tool_result(block: ToolResultBlock, param: str) -> dict[str, Any]:
     else:
         if any(isinstance(part, ImageBlock) for part in block.content):
             raise InvalidRequest("images in a tool_result cannot be passed on to a chat model", param=f"{param}.content")
-        text = "\n".join(part.text for part in block.content if isinstance(part, TextBlock))
+        text = "\n".join(part.text if isinstance(part, TextBlock) else part.text() for part in block.content
+                         if isinstance(part, TextBlock | SearchResultBlock))
     if block.is_error:
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}

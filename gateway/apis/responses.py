@@ -154,7 +154,7 @@ class ResponsesEncoder:
                     + self._event("response.custom_tool_call_input.done", item_id=item.id, output_index=item.index,
                                   input=done["input"])
                     + self._event("response.output_item.done", output_index=item.index, item=done))
-        if item.kind == "tool_search_call":
+        if item.kind in ("tool_search_call", "local_shell_call"):  # no argument events: the item carries them
             return self._event("response.output_item.done", output_index=item.index, item=done)
         return (self._event("response.function_call_arguments.done", item_id=item.id, output_index=item.index,
                             arguments=text, name=done.get("name", item.name))

@@ -8,7 +8,10 @@ more that the *client* runs, and they translate without loss:
   `custom_tool_call` items carrying that text;
 - `tool_search` with `execution: client`: a function with the tool's own parameters, whose calls go
   back as `tool_search_call` items; the `tool_search_output` the client returns adds the tools it
-  found for the next call.
+  found for the next call;
+- `local_shell` (Codex's older shell tool): a function `local_shell` whose arguments are the exec
+  action (`command`, `workdir`, `timeout_ms`, `env`), whose calls go back as `local_shell_call` items;
+  the client's `local_shell_call_output` is the call's result.
 Tools the provider would run (web search, file search, code interpreter, computer use, image
 generation, MCP) go by the hosted-tools policy (field_policy). The same translation reads these
 items when they come back as input (the conversation so far).
@@ -28,11 +31,23 @@ from gateway.apis.common import arguments_object
 from gateway.apis.field_policy import Dropped
 from gateway.errors import InvalidRequest
 
-Kind = Literal["function", "custom", "tool_search"]
+Kind = Literal["function", "custom", "tool_search", "local_shell"]
 # Chat function names: what OpenAI-compatible servers accept.
 _CHAT_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 MAX_NAME = 64
 CUSTOM_SCHEMA_DESCRIPTION = "The tool's whole input as plain text (not JSON)."
+# The exec action of a `local_shell_call` (what the client runs), as a chat function's parameters.
+LOCAL_SHELL_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "description": "The command and its arguments."},
+        "workdir": {"type": "string", "description": "The directory to run the command in."},
+        "timeout_ms": {"type": "integer", "description": "How long the command may run, in milliseconds."},
+        "env": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "Environment variables to set for the command."},
+    },
+    "required": ["command"],
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,12 @@ class ToolSet:
                 "description": str(tool.get("description") or "Search for more tools to call."),
                 "parameters": parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}},
             }})
+        elif kind == "local_shell":
+            self.chat.append({"type": "function", "function": {
+                "name": self._name(ClientTool("local_shell", "local_shell", namespace)),
+                "description": "Run a command on the user's machine.",
+                "parameters": LOCAL_SHELL_PARAMETERS,
+            }})
         elif isinstance(kind, str) and kind:
             dropped.hosted(kind, f"{param}.type")  # run by the provider: web_search, file_search, mcp, ...
         else:
@@ -121,6 +142,20 @@ class ToolSet:
         known = self.chat_names.get((namespace, name))
         return known if known is not None else self._name(ClientTool(kind, name, namespace))
 
+    def allowed(self, tools: list[dict[str, Any]]) -> set[str]:
+        """The chat names of the tools an `allowed_tools` choice names (by `name`, in any namespace,
+        or by `type` for the unnamed tool_search and local_shell); hosted ones have none."""
+        names: set[str] = set()
+        for spec in tools:
+            name = spec.get("name")
+            if not isinstance(name, str) and spec.get("type") in ("tool_search", "local_shell"):
+                name = spec["type"]
+            namespace = spec.get("namespace")
+            for (space, client_name), chat_name in self.chat_names.items():
+                if client_name == name and (namespace is None or namespace == space):
+                    names.add(chat_name)
+        return names
+
     def tool(self, chat_name: str) -> ClientTool:
         return self.by_chat_name.get(chat_name) or ClientTool("function", chat_name)
 
@@ -135,10 +170,13 @@ class ToolSet:
         elif tool.kind == "tool_search":
             item = {"id": item_id, "type": "tool_search_call", "status": status, "call_id": call_id,
                     "execution": "client", "arguments": arguments_object(arguments)}
+        elif tool.kind == "local_shell":
+            item = {"id": item_id, "type": "local_shell_call", "status": status, "call_id": call_id,
+                    "action": {**arguments_object(arguments), "type": "exec"}}
         else:
             item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": tool.name,
                     "arguments": arguments}
-        if tool.namespace is not None and tool.kind != "tool_search":
+        if tool.namespace is not None and tool.kind not in ("tool_search", "local_shell"):
             item["namespace"] = tool.namespace
         return item
 
@@ -175,3 +213,8 @@ def custom_input(arguments: str) -> str:
 def custom_arguments(text: str) -> str:
     """The chat arguments that stand for a custom tool's text input."""
     return orjson.dumps({"input": text}).decode()
+
+
+def local_shell_arguments(action: dict[str, Any]) -> str:
+    """The chat arguments that stand for a `local_shell_call`'s exec action (its fields but `type`)."""
+    return orjson.dumps({k: v for k, v in action.items() if k != "type"}).decode()

@@ -11,7 +11,7 @@ from gateway import protocol
 from gateway.apis.common import first_choice, new_id, tool_calls
 from gateway.apis.field_policy import Dropped, KnownFields
 from gateway.apis.messages_wire import text_or_parts
-from gateway.apis.responses_tools import ToolSet, custom_arguments
+from gateway.apis.responses_tools import ToolSet, custom_arguments, local_shell_arguments
 from gateway.context import Usage
 from gateway.errors import InvalidRequest
 
@@ -25,7 +25,7 @@ DROPPED_FIELDS = ("reasoning", "truncation", "service_tier", "include", "prompt_
 # hosted-tools policy, like the tools themselves.
 HOSTED_ITEMS = ("web_search_call", "file_search_call", "code_interpreter_call", "computer_call", "computer_call_output",
                 "image_generation_call", "mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response",
-                "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output")
+                "shell_call", "shell_call_output")
 Number = protocol.Number
 
 
@@ -127,6 +127,26 @@ class AdditionalToolsItem(_Open):
     id: StrictStr | None = None
 
 
+class LocalShellCallItem(_Open):
+    """A command the model asked the client's `local_shell` tool to run: a chat call of `local_shell`."""
+
+    type: Literal["local_shell_call"]
+    call_id: StrictStr | None = None
+    action: dict[str, Any]
+    status: StrictStr | None = None
+    id: StrictStr | None = None
+
+
+class LocalShellCallOutputItem(_Open):
+    """What the command printed: the chat call's tool result (`id` names the call where `call_id` is absent)."""
+
+    type: Literal["local_shell_call_output"]
+    output: StrictStr
+    call_id: StrictStr | None = None
+    status: StrictStr | None = None
+    id: StrictStr | None = None
+
+
 class OtherItem(_Open):
     """An item type the gateway does not know: the field policy decides (drop and record, or 400)."""
 
@@ -134,7 +154,8 @@ class OtherItem(_Open):
 
 
 _ITEM_TAGS = frozenset({"message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
-                        "custom_tool_call_output", "tool_search_call", "tool_search_output", "additional_tools"})
+                        "custom_tool_call_output", "tool_search_call", "tool_search_output", "additional_tools",
+                        "local_shell_call", "local_shell_call_output"})
 
 
 def _item_type(value: Any) -> str | None:
@@ -155,6 +176,8 @@ Item = Annotated[
     | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
     | Annotated[ToolSearchOutputItem, Tag("tool_search_output")]
     | Annotated[AdditionalToolsItem, Tag("additional_tools")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
     | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_type),
 ]
@@ -164,6 +187,15 @@ class NamedFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["function"]
     name: StrictStr
+
+
+class AllowedTools(BaseModel):
+    """`tool_choice: {type: allowed_tools}`: the model may call only these of the request's tools."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
 
 
 class TextConfig(_Open):
@@ -178,7 +210,7 @@ class ResponsesRequest(KnownFields):
     input: StrictStr | list[Item] | None = None
     instructions: StrictStr | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | AllowedTools | None = None
     max_output_tokens: StrictInt | None = Field(None, ge=1, le=protocol.MAX_TOKENS)
     temperature: Number | None = Field(None, ge=0, le=2)
     top_p: Number | None = Field(None, ge=0, le=1)
@@ -223,7 +255,8 @@ class ResponsesRequest(KnownFields):
 # Items ---------------------------------------------------------------------------------------
 
 
-_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_", "tool_search_call": "tsc_"}
+_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_", "tool_search_call": "tsc_",
+                "local_shell_call": "lsh_"}
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -313,6 +346,13 @@ def to_messages(instructions: str | None, items: list[dict[str, Any]], tools: To
             text = arguments if isinstance(arguments, str) else orjson.dumps(arguments or {}).decode()
             _add_call(messages, _call(item.get("call_id") or item.get("id") or new_id("call_"),
                                       tools.chat_name("tool_search", None, "tool_search"), text))
+        elif kind == "local_shell_call":
+            _add_call(messages, _call(item.get("call_id") or item.get("id") or new_id("call_"),
+                                      tools.chat_name("local_shell", None, "local_shell"),
+                                      local_shell_arguments(item.get("action") or {})))
+        elif kind == "local_shell_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id") or item.get("id") or "",
+                             "content": _text(item.get("output") or "")})
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
         elif kind == "tool_search_output":
@@ -365,12 +405,21 @@ def translate(req: ResponsesRequest, raw: dict[str, Any], items: list[dict[str, 
     for name in ("temperature", "top_p", "user"):
         if getattr(req, name) is not None:
             body[name] = raw[name]
-    if tools.chat:
-        body["tools"] = tools.chat
+    chat_tools = tools.chat
+    choice = req.tool_choice
+    if isinstance(choice, AllowedTools):
+        # NOTE: chat has no "allowed tools" choice: only the allowed tools are sent upstream (the
+        # full list is not), so the model cannot call the others; the mode becomes auto/required.
+        allowed = tools.allowed(choice.tools)
+        chat_tools = [tool for tool in chat_tools if tool["function"]["name"] in allowed]
+    if chat_tools:
+        body["tools"] = chat_tools
         if req.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = raw["parallel_tool_calls"]
-    if req.tool_choice is not None:
-        choice = req.tool_choice
+    if isinstance(choice, AllowedTools):
+        if chat_tools:
+            body["tool_choice"] = choice.mode
+    elif choice is not None:
         body["tool_choice"] = choice if isinstance(choice, str) else {
             "type": "function", "function": {"name": tools.chat_name(choice.name)}}
     response_format = _response_format(req.text.format if req.text is not None else None)
@@ -429,7 +478,7 @@ def status_of(reason: str | None) -> tuple[str, dict[str, str] | None]:
 def envelope(req: ResponsesRequest, response_id: str, created_at: int, model: str) -> dict[str, Any]:
     """The Response object before any output: the request's settings as the API echoes them."""
     text_format = (req.text.format if req.text is not None else None) or {"type": "text"}
-    tool_choice: Any = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
+    tool_choice: Any = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
     return {
         "id": response_id,
         "object": "response",
