@@ -192,9 +192,12 @@
       card("input_tokens", "Tokens in / out", h.input_tokens, fmtInt(h.input_tokens), fmtInt(h.output_tokens) + " out"),
       card("latency_p50", "Latency p50", lat.p50, fmtMs(lat.p50), "p95 " + fmtMs(lat.p95) + " · p99 " + fmtMs(lat.p99)),
       card("ttft_p50", "TTFT p50", ttft.p50, fmtMs(ttft.p50), "p95 " + fmtMs(ttft.p95) + " · p99 " + fmtMs(ttft.p99)),
+      card("judge_cost_usd", "Judging spend", h.judge_cost_usd, fmtUsd(h.judge_cost_usd),
+        fmtInt(h.judge_requests) + " re-asks (shadow.bill_judging_to)"),
     );
     // the figures' values on hidden cards too, so the whole /v1/usage total can be checked on the page
-    for (const metric of ["output_tokens", "errors", "cached_input_tokens", "cache_write_tokens", "trimmed_tokens", "estimated_requests"]) {
+    for (const metric of ["output_tokens", "errors", "cached_input_tokens", "cache_write_tokens", "trimmed_tokens", "estimated_requests",
+      "judge_requests", "judge_input_tokens", "judge_output_tokens"]) {
       const c = card(metric, metric, h[metric], fmtInt(h[metric]));
       c.hidden = true;
       $("headline").append(c);
