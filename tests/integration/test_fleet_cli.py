@@ -97,7 +97,7 @@ def _outcome(gw: RunningApp, text: str, key: str = ACME) -> str:
     return _chat(gw, text, key, store=False).headers["x-tierlane-cache"]
 
 
-def _wait_for_hit(gw: RunningApp, text: str, key: str = ACME, within: float = 10.0) -> None:
+def _wait_for_hit(gw: RunningApp, text: str, key: str = ACME, within: float = 60.0) -> None:
     deadline = time.monotonic() + within
     while _outcome(gw, text, key) != "hit":
         assert time.monotonic() < deadline, f"{text!r} never became a hit on {gw.url}"

@@ -35,8 +35,8 @@ def _chat(gw, **headers: str) -> httpx.Response:
 
 
 def _settle(gw) -> None:
-    """Admission runs after the answer is sent; wait until the entry is served."""
-    deadline = time.monotonic() + 10
+    """Admission runs after the answer is sent; wait until the entry is served (a generous bound)."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if _chat(gw, **{"Cache-Control": "no-store"}).headers.get("x-tierlane-cache") == "hit":
             return

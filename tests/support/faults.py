@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import orjson
 from aiohttp import web
+
+from tests.support.background import BackgroundLoop
 
 
 def completion(text: str = "hello there", model: str = "fake-model") -> dict[str, Any]:
@@ -53,20 +58,56 @@ class Recorder:
     cancelled: int = 0
     inflight: int = 0
     max_inflight: int = 0
-    # GET /v1/models (only with `models_route=True`): when each came, what it gets, how late.
+    # GET /v1/models (only with `models_route=True`): when each came, what it gets, how late; while
+    # `models_held` is true an answer waits (a probe kept in flight until the test lets it go)
     models_gets: list[float] = field(default_factory=list)
     models_status: int = 200
     models_delay: float = 0.0
+    models_held: bool = False
     # GET /metrics: this Prometheus text (404 while None), as a server with metrics on answers it
     metrics: str | None = None
     metrics_gets: int = 0
+
+
+HOLD_MAX_S = 60.0  # a hold nobody releases ends here: the test then fails on what it checks, it does not hang
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + HOLD_MAX_S
+    while not condition() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - polls the test's state
+        await asyncio.sleep(0.005)
+
+
+def ask_then_leave(bg: BackgroundLoop, url: str, body: dict[str, Any], rec: Recorder, within: float = 60.0) -> None:
+    """POST `body` to `url` and disconnect once the upstream `rec` records has read the request (not
+    after a client timeout, which a slow machine may reach before the gateway even forwarded it)."""
+
+    async def go() -> None:
+        asked = len(rec.bodies)  # appended once the body is read, right before the handler's `try`
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        async with httpx.AsyncClient(timeout=within) as client:
+            request = asyncio.ensure_future(client.post(url, json=body))
+            try:
+                while len(rec.bodies) == asked:
+                    assert not request.done(), f"answered before the upstream was asked: {request.result()}"
+                    assert loop.time() < deadline, "the request never reached the upstream"
+                    await asyncio.sleep(0.005)
+            finally:
+                request.cancel()  # the client leaves: httpx closes the connection it was reading
+                with contextlib.suppress(asyncio.CancelledError):
+                    await request
+
+    bg.call(go())
 
 
 def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
     """An upstream whose /v1/chat/completions behaves as `mode` says.
 
     With `models_route=True` it also serves GET /v1/models (an empty list, with the status
-    `rec.models_status` holds, after `rec.models_delay` seconds), noting each in `rec.models_gets`.
+    `rec.models_status` holds, after `rec.models_delay` seconds and once `rec.models_held` is
+    false), noting each in `rec.models_gets`. In mode "ok", `hold_until` (a callable) keeps each
+    answer until it returns true (at most HOLD_MAX_S): a barrier the test sets, not a delay.
     """
 
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -88,6 +129,8 @@ def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
         fail_first = opts.get("fail_first", 10**9)
         if mode == "ok":
             await asyncio.sleep(opts.get("delay", 0))
+            if "hold_until" in opts:
+                await _until(opts["hold_until"])
             return await _ok(request, body)
         if mode == "slow":
             await asyncio.sleep(opts.get("delay", 30))
@@ -167,6 +210,7 @@ def fault_app(mode: str, rec: Recorder, **opts: Any) -> web.Application:
     async def models(request: web.Request) -> web.Response:
         rec.models_gets.append(time.monotonic())
         await asyncio.sleep(rec.models_delay)
+        await _until(lambda: not rec.models_held)
         return web.json_response({"object": "list", "data": []}, status=rec.models_status)
 
     async def metrics(request: web.Request) -> web.Response:

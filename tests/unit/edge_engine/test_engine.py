@@ -123,10 +123,11 @@ def test_cancel_frees_the_slot_and_kv_cells(runner) -> None:
         await gen.__anext__()
         assert runner.engine.stats()["active_sequences"] == 1
         gen.cancel()
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            if runner.engine.stats()["active_sequences"] == 0:
+        deadline = asyncio.get_running_loop().time() + 60  # freed at the scheduler's next step: polled, generously
+        while runner.engine.stats()["active_sequences"] != 0:
+            if asyncio.get_running_loop().time() > deadline:
                 break
+            await asyncio.sleep(0.02)
         return runner.engine.stats()
 
     stats = runner.run(scenario())
@@ -176,7 +177,12 @@ def test_a_short_request_gets_its_first_token_before_a_long_prompt_is_ingested(r
             gen.cancel()
 
         long = asyncio.create_task(first_token("long", long_prompt))
-        await asyncio.sleep(0.05)  # the long prompt is being ingested
+        # the long prompt is being ingested: polled (a fixed sleep is too short on a slow machine,
+        # where "short" would simply come first, and too long on a fast one, where "long" would be done)
+        deadline = asyncio.get_running_loop().time() + 60
+        while engine.stats()["active_sequences"] < 1:
+            assert asyncio.get_running_loop().time() < deadline, engine.stats()
+            await asyncio.sleep(0.001)
         await first_token("short", "Say hello.")
         await long
         return order

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -39,12 +40,21 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("schema", HOSTILE, ids=lambda s: json.dumps(s)[:50])
-def test_hostile_schemas_are_refused_before_llama_cpp(schema: Any) -> None:
-    started = time.perf_counter()
+def test_hostile_schemas_are_refused_before_llama_cpp(schema: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llama_cpp import llama_grammar
+
+    converted: list[str] = []
+    real = llama_grammar.json_schema_to_gbnf
+
+    def spy(schema_text: str, *args: Any, **kwargs: Any) -> Any:
+        converted.append(schema_text)
+        return real(schema_text, *args, **kwargs)
+
+    monkeypatch.setattr(llama_grammar, "json_schema_to_gbnf", spy)
     with pytest.raises(GrammarTooComplex) as err:
         convert(fmt(schema), LIMITS)
     assert err.value.code == "grammar_too_complex" and err.value.param == "response_format"
-    assert time.perf_counter() - started < 5.0  # refused before the work, not after it
+    assert converted == []  # refused before the work (llama.cpp's converter), not after it
 
 
 @pytest.mark.parametrize(
@@ -106,35 +116,48 @@ async def test_the_compiler_caches_results_and_refusals_and_shares_work() -> Non
 
 
 async def test_a_slow_compile_is_refused_at_its_deadline() -> None:
-    def slow_parse(grammar: str) -> None:
-        time.sleep(0.5)
+    release = threading.Event()
+
+    def slow_parse(grammar: str) -> None:  # done only once the test is: never within the deadline
+        release.wait(60)
 
     compiler = GrammarCompiler(GrammarSettings(compile_timeout_s=0.05), parse=slow_parse)
     try:
         with pytest.raises(GrammarTooComplex, match="longer than"):
             await compiler.compile({"type": "json_object"})
     finally:
+        release.set()
         compiler.close()
 
 
 async def test_a_compile_nobody_waits_for_any_more_is_cancelled_before_it_runs() -> None:
+    """Ordered by events, not sleeps: the first compile holds the compiler's one thread until the
+    second's client has left; a third, queued after both, ends only once the second had its turn."""
     parsed: list[str] = []
+    busy, release = threading.Event(), threading.Event()
 
     def slow_parse(grammar: str) -> None:
         parsed.append(grammar)
-        time.sleep(0.3)
+        if len(parsed) == 1:
+            busy.set()
+            release.wait(60)
 
     compiler = GrammarCompiler(LIMITS, parse=slow_parse)
     try:
         first = asyncio.ensure_future(compiler.compile({"type": "json_object"}))
-        await asyncio.sleep(0.05)  # the compiler's one thread is busy with the first
+        assert await asyncio.to_thread(busy.wait, 60)  # the compiler's one thread is busy with the first
         gone = asyncio.ensure_future(compiler.compile(fmt({"type": "string", "maxLength": 5})))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
         gone.cancel()  # its client left before its compile started
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone  # ended: its queued compile is cancelled on the way out
+        release.set()
         await first
-        await asyncio.sleep(0.4)
-        assert len(parsed) == 1
+        third = fmt({"type": "integer"})
+        assert await compiler.compile(third) is not None  # run after the second's turn (one thread, in order)
+        assert parsed == [parsed[0], convert(third, LIMITS)]  # the second was never parsed
     finally:
+        release.set()
         compiler.close()
 
 

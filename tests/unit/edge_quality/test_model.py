@@ -204,12 +204,16 @@ def test_shipped_artifact_loads_fast() -> None:
     emb = np.ones(384, dtype=np.float32) / np.sqrt(384)
     toks = [Tok(-0.2, 0.5)] * 12
     text = "What is the capital of France?"
-    started = time.perf_counter()
-    for _ in range(200):
-        p = cal.prior(text, emb)
-        cal.confidence(p, toks, "stop")
-    per_call = (time.perf_counter() - started) / 200
-    assert per_call < 2e-3  # ~0.1 ms measured; a loose bound for a shared machine
+    rounds = []
+    for _ in range(5):  # the best round: what the machine's other work added to a round is left out
+        started = time.perf_counter()
+        for _ in range(40):
+            p = cal.prior(text, emb)
+            cal.confidence(p, toks, "stop")
+        rounds.append((time.perf_counter() - started) / 40)
+    # ~0.1 ms measured. Not a latency target (those belong in bench/): a bound 200x that, which only
+    # work of another kind per call (loading the artifact, running a model) reaches on any machine.
+    assert min(rounds) < 20e-3
     for stage in ("prior", "confidence"):
         assert 0.0 <= cal.threshold(stage, "max_escalation_share", 0.5) <= 1.0
     d = cal.defaults

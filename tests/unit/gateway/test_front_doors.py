@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ import pytest
 from gateway import protocol
 from gateway.apis import messages as msgs
 from gateway.apis import messages_wire as mw
+from gateway.apis import response_store
 from gateway.apis import responses_wire as rw
 from gateway.apis.field_policy import Dropped
 from gateway.apis.response_store import SqliteResponseStore
@@ -179,7 +181,21 @@ def test_what_the_gateway_cannot_run_is_a_400_naming_it(change, param, hosted):
     assert (err.value.param or "").startswith(param), err.value.param
 
 
-def test_the_sqlite_store_scopes_by_tenant_and_expires(tmp_path):
+class WallClock:
+    """The response store's `time`: a wall clock that moves only when the test moves it, so a TTL
+    passes exactly when the test says (and never while a slow machine is still between two calls)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_the_sqlite_store_scopes_by_tenant_and_expires(tmp_path, monkeypatch):
+    clock = WallClock()
+    monkeypatch.setattr(response_store, "time", clock)
+
     async def run() -> None:
         store = SqliteResponseStore(tmp_path / "r.sqlite3", ttl_s=0.2)
         await store.start()
@@ -188,7 +204,7 @@ def test_the_sqlite_store_scopes_by_tenant_and_expires(tmp_path):
             assert await store.get("a", "resp_1") == {"response": {"id": "resp_1"}}
             assert await store.get("b", "resp_1") is None
             assert not await store.delete("b", "resp_1")
-            await asyncio.sleep(0.3)
+            clock.now += 0.3
             assert await store.get("a", "resp_1") is None
             await store.put("a", "resp_2", {"x": 1})
             assert await store.delete("a", "resp_2") and await store.get("a", "resp_2") is None
@@ -244,7 +260,10 @@ def test_the_api_and_the_dropped_fields_are_on_the_span_attributes():
     assert attributes["tierlane.dropped_fields"] == "speed,thinking"
 
 
-def test_the_sqlite_store_counts_each_tenants_usage_and_expiry_makes_room(tmp_path):
+def test_the_sqlite_store_counts_each_tenants_usage_and_expiry_makes_room(tmp_path, monkeypatch):
+    clock = WallClock()
+    monkeypatch.setattr(response_store, "time", clock)
+
     async def run() -> None:
         store = SqliteResponseStore(tmp_path / "r.sqlite3", ttl_s=60)
         await store.start()
@@ -268,13 +287,13 @@ def test_the_sqlite_store_counts_each_tenants_usage_and_expiry_makes_room(tmp_pa
         await expiring.start()
         try:
             await expiring.put("a", "resp_1", {"x": 1})
-            await asyncio.sleep(0.1)
+            clock.now += 0.1
             for i in range(300):  # a sweep of expired rows comes every 256 writes and counts again
                 await expiring.put("c", f"resp_{i}", {"x": i})
-            await asyncio.sleep(0.3)
-            await expiring.put("c", "last", {"x": 0})
-            await asyncio.sleep(0.2)
-            assert (await expiring.usage("a")).records == 0
+            deadline = time.monotonic() + 60  # written behind: polled until the sweep's count is in
+            while (await expiring.usage("a")).records != 0:
+                assert time.monotonic() < deadline, await expiring.usage("a")
+                await asyncio.sleep(0.01)
         finally:
             await expiring.close()
 

@@ -80,8 +80,8 @@ async def test_local_share_over_admits_at_most_one_request_per_replica(client: a
     # traffic spread over both replicas, as a load balancer sends it: each knows what the store last said
     before = sum([await _admitted(fleet[i % 2], 1, f"r{i}-") for i in range(16)])
     assert before == 16
+    started = time.monotonic()  # before the pause starts: the loop below ends well inside it however slow the reply
     await _paused(client, 3.0)
-    started = time.monotonic()
 
     async def while_paused(shared: SharedBudgets, k: int) -> int:
         count, i = 0, 0
