@@ -144,6 +144,10 @@ class UpstreamSettings(_Strict):
     prompt_cache_key: bool | None = Field(
         None, description="send the request's session key as prompt_cache_key (OpenAI routes prompt caching by it); "
         "none: only to api.openai.com. Off, a client's own prompt_cache_key on a chat request still goes as sent")
+    cache_salt: bool = Field(
+        False, description="send a per-tenant cache_salt (vLLM: its prefix cache is shared only between requests of "
+        "one salt), so one tenant's cached prefix never speeds up, and so never reveals itself to, another's; a "
+        "client's own cache_salt goes as sent")
     api_key: str | None = Field(None, exclude=True, description="resolved from api_key_env at load")
 
     @property

@@ -89,6 +89,7 @@ async def answer(
             client_authorization=ctx.headers.get("Authorization"),
             affinity=affinity,
             session=ctx.session,
+            tenant=ctx.principal.tenant,
         )
     finally:
         ctx.lane_seconds += time.perf_counter() - started

@@ -5,11 +5,13 @@ have a context of a few thousand tokens (a coding agent asks for 128,000 output 
 chat template that renders one system message, first. Both are per-upstream settings; a body
 for an upstream that declares neither is sent as it is, serialized once for every member.
 An upstream that routes its prompt cache by `prompt_cache_key` (OpenAI) gets the request's
-session key there, unless the client set one.
+session key there, unless the client set one; one that keeps its prefix cache apart by
+`cache_salt` (vLLM) gets a salt per tenant (a digest: the tenant's name never leaves).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from gateway.settings import UpstreamSettings
@@ -19,10 +21,17 @@ _LIMITS = ("max_tokens", "max_completion_tokens")
 
 def adapts(cfg: UpstreamSettings) -> bool:
     """Whether `adapt` may change a body for this upstream."""
-    return cfg.max_output_tokens is not None or cfg.system_messages == "first" or cfg.sends_prompt_cache_key
+    return (cfg.max_output_tokens is not None or cfg.system_messages == "first" or cfg.sends_prompt_cache_key
+            or cfg.cache_salt)
 
 
-def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str, session: str | None = None) -> dict[str, Any]:
+def tenant_salt(tenant: str) -> str:
+    """The cache_salt of a tenant's requests: stable across replicas and restarts, and not its name."""
+    return hashlib.blake2b(tenant.encode(), digest_size=16, person=b"tierlane-salt").hexdigest()
+
+
+def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str, session: str | None = None,
+          tenant: str | None = None) -> dict[str, Any]:
     """`body` with the output limit clamped to `max_output_tokens`, under `system_messages: first`
     every system message merged into one at the start (in their order, blank-line apart), and the
     session as `prompt_cache_key` where the upstream takes one and the client gave none."""
@@ -31,6 +40,8 @@ def adapt(body: dict[str, Any], cfg: UpstreamSettings, path: str, session: str |
     out = body
     if cfg.sends_prompt_cache_key and session and path == "/chat/completions" and not out.get("prompt_cache_key"):
         out = {**out, "prompt_cache_key": session}
+    if cfg.cache_salt and tenant is not None and not out.get("cache_salt"):
+        out = {**out, "cache_salt": tenant_salt(tenant)}
     limit = cfg.max_output_tokens
     if limit is not None:
         asked = [int(out[name]) for name in _LIMITS if isinstance(out.get(name), int)]

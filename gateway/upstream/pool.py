@@ -389,18 +389,19 @@ class UpstreamPool:
         client_authorization: str | None = None,
         affinity: AffinityKey | None = None,
         session: str | None = None,
+        tenant: str | None = None,
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
 
         `affinity` (the prompt's tenant-salted prefix blocks and its (tenant, session)) lets a pool's
         balancer pick the member that holds them; the member a request went to is noted as holding its
         prefix (a session is not pinned: every replica walks its ranking alike). `session` goes as
-        `prompt_cache_key` to members that take one.
+        `prompt_cache_key` to members that take one, and `tenant`'s salt as `cache_salt` to those that take it.
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         # the body as sent, serialised once per distinct set of member settings that change it (adapt)
-        payloads: dict[tuple[int | None, str, bool], bytes] = {}
+        payloads: dict[tuple[int | None, str, bool, bool], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -425,10 +426,10 @@ class UpstreamPool:
                 tried.add(id(upstream))
                 attempts += 1
                 cfg = upstream.settings
-                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key)
+                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key, cfg.cache_salt)
                 sent = payloads.get(key)
                 if sent is None:
-                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path, session))
+                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path, session, tenant))
                 reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import httpx
 
+from gateway.auth import hash_key
 from gateway.upstream.server_load import ServerLoad, current, parse
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
@@ -99,3 +101,30 @@ def test_the_session_goes_as_prompt_cache_key_to_an_upstream_that_takes_one(bg, 
     body = {"model": "hosted-m", "messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "mine"}
     assert httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30).status_code == 200
     assert takes.bodies[-1]["prompt_cache_key"] == "mine"
+
+
+def test_a_tenant_salt_goes_as_cache_salt_to_an_upstream_that_keeps_prefixes_apart_by_it(bg, make_gateway):
+    from gateway.upstream.adapt import tenant_salt
+
+    salted, plain = Recorder(), Recorder()
+    apps = [RunningApp(bg, fault_app("ok", rec, text="ok")) for rec in (salted, plain)]
+    keys = [{"sha256": hash_key("key-a"), "tenant": "acme"}, {"sha256": hash_key("key-b"), "tenant": "globex"}]
+    gw = make_gateway(auth={"mode": "keys", "keys": keys}, upstreams=[
+        upstream_cfg("vllm", apps[0].url + "/v1", models=["vllm-m"], cache_salt=True),
+        upstream_cfg("self", apps[1].url + "/v1", models=["self-m"]),
+    ])
+
+    def ask(key: str, model: str, **extra: Any) -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200, r.text
+
+    ask("key-a", "vllm-m")
+    ask("key-b", "vllm-m")
+    salts = [b["cache_salt"] for b in salted.bodies]
+    assert salts == [tenant_salt("acme"), tenant_salt("globex")] and salts[0] != salts[1]
+    assert "acme" not in salts[0]  # a digest: the tenant's name never leaves the gateway
+    ask("key-a", "self-m")
+    assert "cache_salt" not in plain.bodies[-1]
+    ask("key-a", "vllm-m", cache_salt="mine")  # the client's own goes as sent
+    assert salted.bodies[-1]["cache_salt"] == "mine"
