@@ -10,14 +10,13 @@ import orjson
 from aiohttp import web
 
 from gateway import protocol
-from gateway.apis.field_policy import DROPPED_HEADER, Dropped, header_value
+from gateway.apis.field_policy import DROPPED_ATTRIBUTE, DROPPED_HEADER, Dropped, header_value
 from gateway.context import Api, RequestContext, Usage
 from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.routes.openai import read_body
 from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
 # The span attribute that lists the fields a front door accepted but could not pass on.
-DROPPED_ATTRIBUTE = "tierlane.dropped_fields"
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from gateway.errors import InvalidRequest
 Mode = Literal["drop", "reject"]
 # The response header that names every field a front door dropped (comma-separated).
 DROPPED_HEADER = "x-tierlane-dropped"
+DROPPED_ATTRIBUTE = "tierlane.dropped_fields"  # the same names on the span
 
 
 class KnownFields(BaseModel):

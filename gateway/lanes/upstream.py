@@ -13,12 +13,13 @@ from typing import Any
 
 import aiohttp
 
+from gateway.apis.field_policy import DROPPED_ATTRIBUTE, DROPPED_HEADER
 from gateway.apis.native import MessagesStreamReader, chat_from_message, message_usage
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.pipeline.trim import HEADER as TRIM_HEADER
 from gateway.upstream.affinity import key_for
-from gateway.upstream.pool import UpstreamPool, UpstreamReply, forwardable_headers
+from gateway.upstream.pool import NativeRequest, UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
 from telemetry.tokens import INLINE_CHARS, prompt_texts
 
@@ -48,22 +49,19 @@ async def answer(
             param="model",
         )
     path = PATHS[ctx.operation]
-    # NOTE: a front door's request goes as the client sent it (model mapped) to a pool whose
-    # every upstream serves that API natively: fields no translation knows survive.
-    native = ctx.native_body is not None and ctx.api == "messages" and pool.serves_natively(ctx.pool or "default", ctx.api)
-    if native:
-        assert ctx.native_body is not None
-        body, path = ctx.native_body, "/" + ctx.api
-        if ctx.trim_saved:
-            # the client's own body goes, untrimmed: no trim saving was made on it
-            ctx.attributes["tierlane.trim.not_applied"] = "native upstream"
-            ctx.attributes["tierlane.trim.tokens_saved"] = 0
-            ctx.trim_saved = {}
-            ctx.response_headers[TRIM_HEADER] = "none;native"
+    pool_name = ctx.pool or "default"
+    # NOTE: a front door's request goes as the client sent it (model mapped) to a member that serves
+    # that API itself: fields no translation knows survive (cache_control marks, thinking blocks).
+    # Decided per member by the pool: a fallback that does not serve it gets the translation.
+    native_request: NativeRequest | None = None
+    if ctx.native_body is not None and ctx.api == "messages" and pool.serves_natively(pool_name, ctx.api):
+        own = ctx.native_body if ctx.target_model == ctx.native_body.get("model") else {**ctx.native_body,
+                                                                                         "model": ctx.target_model}
+        native_request = NativeRequest(ctx.api, "/" + ctx.api, own)
     if ctx.target_model != body.get("model"):
         body = {**body, "model": ctx.target_model}
     client_wants_usage = False
-    if ctx.stream and not native:
+    if ctx.stream:
         options = dict(body.get("stream_options") or {})
         client_wants_usage = bool(options.get("include_usage"))
         # Ask for usage on every stream so metering never sees zero; strip it again below
@@ -73,7 +71,6 @@ async def answer(
     headers = forwardable_headers(ctx.headers)
     if inject_trace is not None:
         inject_trace(headers)
-    pool_name = ctx.pool or "default"
     # the prompt's prefix blocks and the session: the pool sends the request where they are cached
     # keyed by tenant too: one tenant's session name or prompt never lands on another's member state
     affinity = key_for(body, ctx.session, tenant=ctx.principal.tenant) if pool.wants_affinity(pool_name) else None
@@ -90,18 +87,33 @@ async def answer(
             affinity=affinity,
             session=ctx.session,
             tenant=ctx.principal.tenant,
+            native=native_request,
         )
     finally:
         ctx.lane_seconds += time.perf_counter() - started
     ctx.attributes["tierlane.upstream.name"] = reply.upstream.name
     ctx.response_headers["x-tierlane-upstream"] = reply.upstream.name
     ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
+    native = reply.native
     ctx.attributes["tierlane.upstream.native"] = native
     if native:
+        _went_native(ctx)
         return _whole_native(ctx, reply) if reply.response is None else Answer(lane="upstream", chunks=_relay_native(ctx, reply))
     if reply.response is None:
         return _whole(ctx, reply)
     return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage, estimate))
+
+
+def _went_native(ctx: RequestContext) -> None:
+    """The client's own body went: nothing of the translation was dropped, and nothing trimmed."""
+    ctx.response_headers.pop(DROPPED_HEADER, None)
+    if ctx.attributes.pop(DROPPED_ATTRIBUTE, None) is not None:
+        ctx.attributes["tierlane.dropped_fields.not_applied"] = "native upstream"
+    if ctx.trim_saved:
+        ctx.attributes["tierlane.trim.not_applied"] = "native upstream"
+        ctx.attributes["tierlane.trim.tokens_saved"] = 0
+        ctx.trim_saved = {}
+        ctx.response_headers[TRIM_HEADER] = "none;native"
 
 
 def _whole_native(ctx: RequestContext, reply: UpstreamReply) -> Answer:

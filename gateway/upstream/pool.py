@@ -77,6 +77,15 @@ def retry_after_seconds(value: str | None) -> float | None:
     return min(float(MAX_RETRY_AFTER_S), max(0.0, seconds))
 
 
+@dataclass(slots=True, frozen=True)
+class NativeRequest:
+    """A front door's request as its client sent it, for a member that serves that API itself."""
+
+    api: str  # "messages"
+    path: str  # "/messages"
+    body: dict[str, Any]
+
+
 @dataclass(slots=True, eq=False)
 class Upstream:
     """One OpenAI-compatible server and its connection pool."""
@@ -138,6 +147,7 @@ class UpstreamReply:
     response: aiohttp.ClientResponse | None = None
     body: Any = None
     attempts: int = 1
+    native: bool = False  # the member served the client's own API: the reply is in that API's shape
     _pool: UpstreamPool | None = None
 
     def release(self, ok: bool = True, blame: bool | None = None) -> None:
@@ -326,9 +336,9 @@ class UpstreamPool:
 
     # -- sending ---------------------------------------------------------------------------
     def serves_natively(self, pool: str, api: str) -> bool:
-        """Whether every upstream `pool` may send a request to (fallbacks included) declares `api`."""
-        members = [u for name in self._chain(pool) for u in self._by_pool[name]]
-        return bool(members) and all(api in u.settings.apis for u in members)
+        """Whether any upstream `pool` may send a request to (fallbacks included) declares `api`: then a
+        request of that API carries its own body too, for the members that serve it (`send(native=...)`)."""
+        return any(api in u.settings.apis for name in self._chain(pool) for u in self._by_pool[name])
 
     def _chain(self, pool: str) -> list[str]:
         chain, todo = [], [pool]
@@ -390,6 +400,7 @@ class UpstreamPool:
         affinity: AffinityKey | None = None,
         session: str | None = None,
         tenant: str | None = None,
+        native: NativeRequest | None = None,
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
 
@@ -398,10 +409,15 @@ class UpstreamPool:
         prefix (a session is not pinned: every replica walks its ranking alike). `session` goes as
         `prompt_cache_key` to members that take one, and `tenant`'s salt as `cache_salt` to those that take it.
 
+        `native`: the client's own request (its API, path and body) for a member that serves that API
+        itself (`upstreams[].apis`); the others get `body` at `path`. Decided per member tried, so a
+        fallback that does not serve it translates only when it is the one that answers
+        (`reply.native` says which).
+
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         # the body as sent, serialised once per distinct set of member settings that change it (adapt)
-        payloads: dict[tuple[int | None, str, bool, bool], bytes] = {}
+        payloads: dict[tuple[int | None, str, bool, bool, bool], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -426,13 +442,18 @@ class UpstreamPool:
                 tried.add(id(upstream))
                 attempts += 1
                 cfg = upstream.settings
-                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key, cfg.cache_salt)
+                as_native = native is not None and native.api in cfg.apis
+                member_path = native.path if native is not None and as_native else path
+                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key, cfg.cache_salt, as_native)
                 sent = payloads.get(key)
                 if sent is None:
-                    sent = payloads[key] = orjson.dumps(adapt(body, cfg, path, session, tenant))
-                reply, failure = await self._attempt(upstream, path, sent, headers, stream, client_authorization)
+                    # NOTE: the client's own body goes to a member that serves its API as it was sent
+                    sent = payloads[key] = (orjson.dumps(native.body) if native is not None and as_native
+                                            else orjson.dumps(adapt(body, cfg, path, session, tenant)))
+                reply, failure = await self._attempt(upstream, member_path, sent, headers, stream, client_authorization)
                 if reply is not None:
                     reply.attempts = attempts
+                    reply.native = as_native
                     if balancer is not None:
                         balancer.record(upstream, affinity, upstream.settings.kv_capacity_tokens)
                     return reply

@@ -16,7 +16,7 @@ from gateway.auth import hash_key
 from tests.support.anthropic_upstream import TEXT, anthropic_app
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
-from tests.support.faults import Recorder
+from tests.support.faults import Recorder, fault_app
 from tests.support.llama_server import UPSTREAM_MODEL
 from tests.support.tool_upstream import TOOL, tool_app, weather
 
@@ -239,3 +239,29 @@ def test_a_native_messages_upstream_records_no_trim_saving_it_did_not_get(bg, ma
     finally:
         conn.close()
     assert rows == [(0, 0.0)]
+
+
+def test_native_pass_through_is_decided_per_member_that_answers(bg, make_gateway, tmp_path):
+    """A pool whose fallback serves only chat: the native member still gets the client's own body
+    (cache marks included) and nothing is named dropped; when the fallback answers, it gets the
+    translation and the marks it lost are named."""
+    native, spare = Recorder(), Recorder()
+    native_up = RunningApp(bg, anthropic_app(native))
+    spare_up = RunningApp(bg, fault_app("ok", spare, text="from the spare"))
+    gw = make_gateway(
+        upstreams=[upstream_cfg("claude", native_up.url + "/v1", models=["big-model"], apis=["chat", "messages"],
+                                pool="main", retries=0),
+                   upstream_cfg("spare", spare_up.url + "/v1", models=["big-model"], pool="spare")],
+        pools={"main": {"fallback": ["spare"]}}, model_aliases={"claude-*": "big-model"})
+    kw = dict(model="claude-sonnet-4-5", max_tokens=16,
+              system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+              messages=[{"role": "user", "content": "Capital of France?"}])
+    raw = client(gw).messages.with_raw_response.create(**kw)
+    assert raw.headers["x-tierlane-upstream"] == "claude" and "x-tierlane-dropped" not in raw.headers
+    assert native.bodies[-1]["system"][0]["cache_control"] == {"type": "ephemeral"}  # the marks reached it
+    native_up.stop()  # the native member goes away: the fallback answers, translated
+    raw = client(gw).messages.with_raw_response.create(**kw)
+    assert raw.headers["x-tierlane-upstream"] == "spare" and "cache_control" in raw.headers["x-tierlane-dropped"]
+    assert spare.bodies[-1]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert raw.parse().content[0].text == "from the spare"
+    spare_up.stop()
