@@ -430,7 +430,28 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
         *([target("admitted after an idle spell through a store pause, over one window's allowance (limit + rate x time asked)",
                   round(idle["admitted"] / idle["window_bound"], 4), "<=", 1, n=idle["asked"], n_of="requests asked")]
           if (idle := d.get("outage_idle")) and "window_bound" in idle else []),
+        *_hostile_state(d),
     ]
+
+
+def _hostile_state(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    stall = d.get("route_bound_stall") or {}
+    for way in ("local_compaction", "shared_offer"):
+        if way in stall:
+            out.append(target(f"route bound snapshot at {stall.get('states')} states ({way}): worst event-loop gap ms",
+                              stall[way]["worst_loop_gap_ms"], "<=", 50, n=stall.get("states"), n_of="states",
+                              note=f"the previous whole snapshot: {stall.get('previous_whole_snapshot', {}).get('worst_loop_gap_ms')} "
+                                   f"ms; an idle loop here: {stall.get('idle_loop_gap_ms')} ms"))
+    over = d.get("store_overshoot") or {}
+    if "overshoot_requests" in over:
+        out.append(target("stored responses over the quota under 64 concurrent requests, in requests",
+                          over["overshoot_requests"], "<=", 1, n=sum(over.get("statuses", {}).values()), n_of="requests"))
+    for run, r in (d.get("judging_shares") or {}).items():
+        out.append(target(f"judging ({run}): the light tenant's judged, as a share of an equal share",
+                          r["light_share_of_equal"], ">=", 0.4, n=r["flood"] + r["light"], n_of="judged or queued",
+                          note=f"flood {r['flood']}, light {r['light']} of {r['light_wanted']}"))
+    return out
 
 
 def _hostile_bodies(b: dict[str, Any]) -> list[Record]:

@@ -27,6 +27,13 @@
    quota) gets 64 concurrent `/v1/responses` requests of 400 KiB each (distinct inputs) from one
    tenant: the bytes it stored against the quota, and the overshoot in requests (<= 1 wanted).
    Run alone: --parts store_overshoot
+6. Judging shares: the review's attack on the shadow stage (the routing bound's re-asks), driven
+   through the real hook with a stand-in upstream that answers at once and a clock that moves
+   0.1 s a request: tenant `flood` sends 400 auto requests (64 KiB prompts, then short ones) with
+   20 of tenant `light`'s interleaved, all sampled, within one minute. Judged per tenant under
+   the per-minute cap (re-asks finish at once) and queued per tenant under the queue (none
+   finishes), each as a share of an equal share (target >= 0.4).
+   Run alone: --parts judging_shares
 
 Writes bench/results/hostile_inputs.json. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile_inputs.py
 """
@@ -545,7 +552,42 @@ async def store_overshoot(work: Path) -> dict[str, Any]:
     }
 
 
-PARTS = ("schemas", "outage", "outage_idle", "bodies", "route_bound_stall", "store_overshoot")
+async def judging_shares(work: Path) -> dict[str, Any]:
+    # NOTE: the production ShadowHook and ShadowConfig; only the upstream and the clock stand in
+    # (tests/unit/shadow/test_judging_budgets.py asserts the same run)
+    from tests.unit.shadow.test_judging_budgets import FakeClock, FakePool, answered, hook_for, interleaved, tiered
+
+    out: dict[str, Any] = {}
+    for prompts in ("short", "64KiB"):
+        for limit in ("per_minute", "queue"):
+            pool, clock = FakePool(), FakeClock()
+            if limit == "queue":
+                pool.hold = asyncio.Event()  # no re-ask finishes: the queue (max_pending) is what limits them
+            directory = work / f"judging-{prompts}-{limit}"
+            directory.mkdir()
+            hook = hook_for(directory, pool, clock)
+            counted = {"flood": 0, "light": 0}
+            for i, tenant in enumerate(interleaved()):
+                content = ("x" * 65536) if prompts == "64KiB" and tenant == "flood" else f"Question {i}: 2+{i}?"
+                before = len(pool.sent) if limit == "per_minute" else len(hook._tasks)
+                await hook.on_complete(tiered(tenant, i, content=content), answered())
+                if limit == "per_minute":
+                    await hook.drain()
+                counted[tenant] += (len(pool.sent) if limit == "per_minute" else len(hook._tasks)) - before
+                clock.now += 0.1
+            capacity = hook.config.max_per_minute if limit == "per_minute" else hook.config.max_pending
+            equal = min(20, capacity / 2)
+            if pool.hold is not None:
+                pool.hold.set()
+            await hook.close()
+            out[f"{prompts}_{limit}"] = {
+                "flood": counted["flood"], "light": counted["light"], "light_wanted": 20, "capacity": capacity,
+                "light_share_of_equal": round(counted["light"] / equal, 4),
+                "skipped": dict(hook.skipped)}
+    return out
+
+
+PARTS = ("schemas", "outage", "outage_idle", "bodies", "route_bound_stall", "store_overshoot", "judging_shares")
 
 
 def main() -> None:
@@ -566,7 +608,8 @@ def main() -> None:
         runs = {"schemas": lambda: schemas(work), "outage": lambda: asyncio.run(outage(work)),
                 "outage_idle": lambda: asyncio.run(outage_idle(work)), "bodies": lambda: bodies(work),
                 "route_bound_stall": lambda: asyncio.run(route_bound_stall(work)),
-                "store_overshoot": lambda: asyncio.run(store_overshoot(work))}
+                "store_overshoot": lambda: asyncio.run(store_overshoot(work)),
+                "judging_shares": lambda: asyncio.run(judging_shares(work))}
         result = {part: runs[part]() if part in wanted else kept.get(part, {}) for part in PARTS}
     path = write("hostile_inputs", {**result, "verdicts": verdicts("hostile_inputs", result)})
     print(path.read_text())
