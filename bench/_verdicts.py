@@ -545,10 +545,14 @@ def _prefix_affinity(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     requests = d.get("workload", {}).get("requests")
     for level, c in d.get("comparison", {}).items():
-        out.append(target(f"TTFT p90, prefix affinity / least-outstanding, {level} sessions in flight",
-                          c.get("ttft_p90_ratio_vs_least_outstanding"), "<=", 0.33, n=requests, n_of="requests per run",
-                          note=f"a session's later turns alone: {c.get('later_turns_ttft_p90_ratio_vs_least_outstanding')} "
-                               "(first turns find nothing cached under any balancer)"))
+        # NOTE: the tail where affinity can act: later turns (a first turn finds nothing cached under any
+        # balancer); a first turn's member choice must only not make it slower than least-outstanding's
+        later, first = c.get("later_turns_ttft_p90_ratio_vs_least_outstanding"), c.get("first_turns_ttft_p90_ratio_vs_least_outstanding")
+        out.append(target(f"later turns' TTFT p90, prefix affinity / least-outstanding, {level} sessions in flight",
+                          later, "<=", 0.33, n=requests, n_of="requests per run",
+                          note=f"all turns: {c.get('ttft_p90_ratio_vs_least_outstanding')}"))
+        out.append(target(f"first turns' TTFT p90, prefix affinity / least-outstanding, {level} sessions in flight",
+                          first, "<=", 1.05, n=requests, n_of="requests per run"))
         out.append(target(f"requests per second, prefix affinity / least-outstanding, {level} sessions in flight",
                           c.get("throughput_ratio_vs_least_outstanding"), ">=", 1.5, n=requests, n_of="requests per run"))
         out.append(target(f"requests per member max / min under skewed sessions, {level} in flight",
@@ -557,7 +561,7 @@ def _prefix_affinity(d: dict[str, Any]) -> list[Record]:
     out.append(target("no shared prefix: TTFT p50, prefix affinity / least-outstanding", shared.get("p50_ratio"), "<=", 1.05,
                       n=shared.get("requests_per_run"), n_of="requests per run"))
     two = d.get("two_replicas", {})
-    out.append(target("two gateway replicas: servers' cached-prompt share / one replica's", two.get("ratio"), ">=", 0.9,
+    out.append(target("two gateway replicas: servers' cached-prompt share / one replica's", two.get("ratio"), ">=", 0.95,
                       n=requests, n_of="requests"))
     recon = d.get("reconciliation", {})
     out.append(target("billed vs the servers' token counters, largest relative error over the runs",
