@@ -416,6 +416,27 @@ class ShadowHook:
 
         task.add_done_callback(done)
 
+    async def _reask(self, ctx: RequestContext, config: ShadowConfig, key: str, pool_name: str, model: str,
+                     body: dict[str, Any]) -> tuple[Any, int, int, float]:
+        """Ask `model` on `pool_name` the request again, billed as a judging row either way (a send that
+        fails: status 502, cost 0); (reply, input tokens, output tokens, cost)."""
+        started = time.perf_counter()
+        try:
+            reply = await self.services.pool.send(
+                pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
+                client_authorization=ctx.headers.get("Authorization"),
+            )
+        except BaseException:
+            await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
+                             cost=0.0, status=502, started=started)  # fmt: skip
+            raise
+        usage = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
+        tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        spent = self._price(model, pool_name, tokens_in, tokens_out)
+        await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=tokens_in, tokens_out=tokens_out,
+                         cost=spent, status=reply.status, started=started)  # fmt: skip
+        return reply, tokens_in, tokens_out, spent
+
     def _price(self, model: str, pool: str, tokens_in: int, tokens_out: int) -> float:
         if self._pricing is None:
             self._pricing = Pricing.from_policy(self.services.policy)
@@ -550,21 +571,7 @@ class ShadowHook:
                 body = shadow_body(ctx, config, model)
                 if not await self._hold(ctx, config, key):
                     return
-                started = time.perf_counter()
-                try:
-                    reply = await self.services.pool.send(
-                        pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
-                        client_authorization=ctx.headers.get("Authorization"),
-                    )
-                except BaseException:
-                    await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
-                                     cost=0.0, status=502, started=started)  # fmt: skip
-                    raise
-                billed = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
-                tokens_in, tokens_out = int(billed.get("prompt_tokens") or 0), int(billed.get("completion_tokens") or 0)
-                await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=tokens_in, tokens_out=tokens_out,
-                                 cost=self._price(model, pool_name, tokens_in, tokens_out), status=reply.status,
-                                 started=started)  # fmt: skip
+                reply, _, _, _ = await self._reask(ctx, config, key, pool_name, model, body)
                 if reply.status != 200:
                     raise RuntimeError(f"the upstream answered {reply.status}")
                 upstream_text = answer_text(reply.body)
@@ -645,21 +652,8 @@ class ShadowHook:
                     raise RuntimeError(f"the {other} tier has no upstream pool or model")
                 if not await self._hold(ctx, config, key):
                     return
-                started = time.perf_counter()
-                try:
-                    reply = await self.services.pool.send(
-                        pool_name, PATHS[ctx.operation], shadow_body(ctx, config, model), headers={}, model=model,
-                        stream=False, client_authorization=ctx.headers.get("Authorization"),
-                    )  # fmt: skip
-                except BaseException:
-                    await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
-                                     cost=0.0, status=502, started=started)  # fmt: skip
-                    raise
-                usage = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
-                tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-                spent = self._price(model, pool_name, tokens_in, tokens_out)
-                await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=tokens_in,
-                                 tokens_out=tokens_out, cost=spent, status=reply.status, started=started)  # fmt: skip
+                reply, tokens_in, tokens_out, spent = await self._reask(ctx, config, key, pool_name, model,
+                                                                        shadow_body(ctx, config, model))
                 if reply.status != 200:
                     raise RuntimeError(f"the {other} tier answered {reply.status}")
                 theirs = answer_text(reply.body)

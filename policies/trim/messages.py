@@ -30,7 +30,9 @@ class TextMemo:
 
     MIN_CHARS = 2048
 
-    def __init__(self, max_chars: int = 32_000_000) -> None:
+    # NOTE: 8M characters: the texts of a few dozen agent sessions at once, at most 32 MB of str
+    # (4 bytes a character at worst); a text over an eighth of it is never kept
+    def __init__(self, max_chars: int = 8_000_000) -> None:
         self.max_chars = max_chars
         self._values: OrderedDict[str, Any] = OrderedDict()
         self._chars = 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from gateway.app import create_app, load_policy
 from gateway.middleware import UNAUTHENTICATED
 from gateway.settings import Settings, read_keys_file
 from policies.pricing import Pricing
+from tests.unit.gateway.test_deploy_files import image_env
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
@@ -97,19 +97,6 @@ def gateway() -> tuple[Doc, Doc]:
 def only(kind: str) -> Doc:
     (doc,) = [d for (k, _), d in fleet().items() if k == kind]
     return doc
-
-
-def image_env() -> dict[str, str]:
-    """ENV of deploy/Dockerfile's final stage: what every container of the image starts with."""
-    text = (REPO / "deploy" / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
-    final = re.split(r"^FROM\s", text, flags=re.M)[-1]
-    env: dict[str, str] = {}
-    for line in final.splitlines():
-        if line.startswith("ENV "):
-            for item in shlex.split(line[4:]):
-                key, _, value = item.partition("=")
-                env[key] = value.replace("$PATH", "/usr/bin")
-    return env
 
 
 def stand_in(key: str) -> str:
