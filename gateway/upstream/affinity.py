@@ -23,17 +23,19 @@ the bound, the session goes to the next member of its ranking there, and the tur
 is back within the bound (or its breaker closes again) goes to it again, on every replica alike.
 A tenant naming its session like another tenant's lands on its own ranking and moves nothing.
 
-The load the bound and the choice read is what every replica reads alike: the server's own running
-plus waiting requests where its metrics are scraped (`metrics_url`, `server_load.py`: other
-clients and other replicas count too) and the reading is current; the replica's own outstanding
-requests to a member only break ties between members of equal scraped load. A member without
-metrics (or whose reading went stale) has only each replica's own outstanding count to go by:
-replicas then agree while each sees the member within the bound, and a replica whose own requests
-put it over the bound sends that one turn elsewhere while the others do not; since nothing is
-pinned, the session's next turn on that replica goes back as soon as its count falls, so they part
-for a turn at a time, never for the rest of the session. Scrapes are per replica and every
-`metrics_interval_s`: two replicas may read a member's load an interval apart, and a burst a
-replica sends within one interval is seen by the bound only at the next scrape.
+The load the bound and the choice read is, where a member's metrics are scraped (`metrics_url`,
+`server_load.py`) and the reading is current, the server's own running plus waiting requests (other
+clients and other replicas count too), read alike by every replica, plus the requests this replica
+sent there since that reading and still outstanding: a reading is up to `metrics_interval_s` old,
+and a burst sent within one interval would otherwise land on one member before any scrape shows it
+(measured: with the scraped count alone, prefix affinity fell from 2.67x to 1.06x least-outstanding's
+throughput at 4 sessions in flight). The replica's outstanding requests also break ties between
+members of equal load. So replicas agree on a session's member wherever their own recent sends do
+not put it over the bound; a replica whose own burst does sends that one turn elsewhere while the
+others do not, and since nothing is pinned the next turn goes back as soon as the burst is
+scraped or done: they part for a turn at a time, never for the rest of the session. A member
+without metrics (or whose reading went stale) has only each replica's own outstanding count to go
+by, with the same consequence.
 
 Measured in bench/prefix_affinity.py (before this walk): two replicas reached 0.82x one replica's
 cached share, lost to sessions one replica moved off a member over the bound and pinned elsewhere
@@ -65,7 +67,7 @@ class Member(Protocol):
 
     @property
     def shared_load(self) -> int:
-        """The load every replica reads alike: the server's scraped requests, else this replica's own outstanding."""
+        """The scraped requests plus this replica's sent since that scrape; else this replica's own outstanding."""
         ...
 
     @property

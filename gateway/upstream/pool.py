@@ -98,6 +98,7 @@ class Upstream:
     models: frozenset[str] = field(default_factory=frozenset)
     discovered: tuple[str, ...] = ()  # what a wildcard upstream's /models listed at start
     server_load: ServerLoad | None = None  # its own metrics' last reading (metrics_url)
+    sent_at: list[float] = field(default_factory=list)  # monotonic send time of each of this replica's outstanding requests
 
     @property
     def name(self) -> str:
@@ -111,10 +112,14 @@ class Upstream:
 
     @property
     def shared_load(self) -> int:
-        """What every gateway replica reads alike: the server's own count where scraped and current, else
-        (no metrics, or stale) this replica's outstanding requests. The balancer's load bound reads this."""
+        """The server's own count where scraped and current, plus this replica's requests sent since that
+        scrape and still outstanding (the scrape could not count them yet); else (no metrics, or stale) this
+        replica's outstanding requests. Every replica reads the scraped part alike; the part each adds is
+        what it alone knows it sent since. The balancer's load bound reads this."""
         server = current(self.server_load, self.settings.metrics_interval_s)
-        return self.inflight if server is None else server.requests
+        if server is None:
+            return self.inflight
+        return server.requests + sum(1 for t in self.sent_at if t > server.at)
 
     @property
     def kv_usage(self) -> float:
@@ -148,6 +153,7 @@ class UpstreamReply:
     body: Any = None
     attempts: int = 1
     native: bool = False  # the member served the client's own API: the reply is in that API's shape
+    sent_at: float = 0.0  # time.monotonic() when the request went out (the member's `sent_at` holds it until release)
     _pool: UpstreamPool | None = None
 
     def release(self, ok: bool = True, blame: bool | None = None) -> None:
@@ -156,7 +162,7 @@ class UpstreamReply:
             self.response.release() if ok else self.response.close()
             self.response = None
         if self._pool is not None:
-            self._pool._finish(self.upstream, not (not ok if blame is None else blame))
+            self._pool._finish(self.upstream, not (not ok if blame is None else blame), self.sent_at)
             self._pool = None
 
 
@@ -374,8 +380,12 @@ class UpstreamPool:
         least = min(u.load for u in fresh)
         return random.choice([u for u in fresh if u.load == least])
 
-    def _finish(self, upstream: Upstream, ok: bool) -> None:
+    def _finish(self, upstream: Upstream, ok: bool, sent_at: float) -> None:
         upstream.inflight -= 1
+        try:
+            upstream.sent_at.remove(sent_at)
+        except ValueError:
+            pass
         if ok:
             upstream.breaker.success()
         else:
@@ -487,7 +497,8 @@ class UpstreamPool:
             if path == "/messages":
                 out_headers["x-api-key"] = cfg.api_key  # Anthropic's own header for the same key
         upstream.inflight += 1
-        reply = UpstreamReply(upstream=upstream, status=0, _pool=self)
+        reply = UpstreamReply(upstream=upstream, status=0, sent_at=time.monotonic(), _pool=self)
+        upstream.sent_at.append(reply.sent_at)
         backoff = min(cfg.backoff_max_s, cfg.backoff_base_s * (2 ** random.random()))
         try:
             resp = await upstream.session.post(cfg.base_url + path, data=payload, headers=out_headers)

@@ -19,7 +19,7 @@ from gateway.upstream.affinity import (
     ranking,
     session_anchor,
 )
-from gateway.upstream.pool import Upstream, UpstreamPool
+from gateway.upstream.pool import Upstream, UpstreamPool, UpstreamReply
 from gateway.upstream.server_load import ServerLoad
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
@@ -245,15 +245,44 @@ def test_two_replicas_fed_the_same_scraped_loads_keep_every_turn_of_a_session_on
         assert _send(replicas[s % 2], _key(s, 15)) == homes[s]
 
 
-def test_one_replicas_own_outstanding_does_not_move_a_session_the_other_keeps():
+def test_requests_the_last_scrape_counted_are_not_counted_again_and_those_sent_since_are():
     one, two = replicas = (_replica(), _replica())
     _scraped(replicas, {})  # every server says it is idle
     home = _send(one, _key(3, 1))
-    _member(one, home).inflight = 10  # replica one alone has many requests of its own there (not yet scraped)
-    assert _send(one, _key(3, 2)) == home  # a replica-local count would move it here...
-    assert _send(two, _key(3, 3)) == home  # ...while the other replica keeps it
-    _member(one, home).inflight = 0
-    assert _send(one, _key(3, 4)) == home and _send(two, _key(3, 5)) == home
+    member = _member(one, home)
+    member.inflight = 10  # outstanding, but all sent before the reading: the scraped count holds them
+    member.sent_at = [member.server_load.at - 1.0] * 10  # type: ignore[union-attr]
+    assert member.shared_load == 0
+    assert _send(one, _key(3, 2)) == home and _send(two, _key(3, 3)) == home
+    # a burst this replica sent after the reading: the server's count cannot hold it yet, so this replica
+    # sees the member over the bound at once (not a scrape interval later); the other replica did not send it
+    member.sent_at = [member.server_load.at + 1.0] * 10  # type: ignore[union-attr]
+    assert member.shared_load == 10
+    assert _send(one, _key(3, 4)) != home
+    assert _send(two, _key(3, 5)) == home
+    # the next reading counts the burst on both replicas alike: both move the session, and both bring it back
+    _scraped(replicas, {home: 10})
+    member.sent_at = [member.server_load.at - 1.0] * 10  # type: ignore[union-attr]
+    assert _send(one, _key(3, 6)) == _send(two, _key(3, 7)) != home
+    _scraped(replicas, {})
+    member.inflight, member.sent_at = 0, []
+    assert _send(one, _key(3, 8)) == home and _send(two, _key(3, 9)) == home
+
+
+def test_a_released_request_leaves_the_members_load():
+    pool = _replica()
+    _scraped((pool,), {})
+    member = _member(pool, MEMBERS[0])
+    replies = [UpstreamReply(upstream=member, status=200, sent_at=time.monotonic() + i, _pool=pool) for i in range(3)]
+    for reply in replies:
+        member.inflight += 1
+        member.sent_at.append(reply.sent_at)
+    assert member.shared_load == 3
+    replies[1].release()
+    assert member.shared_load == 2 and member.inflight == 2 and replies[1].sent_at not in member.sent_at
+    for reply in (replies[0], replies[2]):
+        reply.release()
+    assert member.shared_load == 0 and member.sent_at == []
 
 
 # -- tenants ---------------------------------------------------------------------------------------
