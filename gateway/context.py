@@ -1,21 +1,24 @@
-"""The state one request carries through the pipeline, and the answer a lane produces."""
+"""The state one request carries through the pipeline, and the answer a lane produces.
+
+The types the stages, the lanes and the runner share live here, so that none of them needs
+another to name them: this module imports no stage, lane or front door.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.lanes import AUTO, RouteRequest
 from policies.domain import EdgeCheck, Outcome, Principal, RouteDecision, Usage
 from policies.router.features import Prompt
 
-if TYPE_CHECKING:
-    from gateway.pipeline.runner import ModelCall
-
-__all__ = ["Answer", "Api", "Operation", "WireOperation", "Outcome", "Principal", "RequestContext", "RouteDecision", "Usage"]
+__all__ = ["Answer", "Api", "ModelCall", "NativeApi", "NativeStream", "Operation", "WireOperation", "Outcome", "Principal",
+           "RequestContext", "RouteDecision", "TRIM_HEADER", "Usage"]
 
 WireOperation = Literal["chat", "completions", "embeddings"]  # an OpenAI endpoint's operation
 # count_tokens: Messages' token count, admitted and metered but answered by no lane
@@ -23,6 +26,10 @@ Operation = Literal["chat", "completions", "embeddings", "count_tokens"]
 # The wire API a request came in through: the OpenAI endpoints (named by their operation), or a
 # front door that translates into the chat operation. Attribution only: no stage reads it.
 Api = Literal["chat", "completions", "embeddings", "messages", "responses"]
+
+# The trim's report to the client (`ctx.trim_saved`), and the client's `off`: set by the trim
+# stage, and by the upstream lane where the client's own body went instead of the trimmed one.
+TRIM_HEADER = "x-tierlane-trim"
 
 
 @dataclass(slots=True)
@@ -41,6 +48,66 @@ class Answer:
     # An upstream that served the client's API natively: its whole answer as the client gets it
     # (`body` then holds the same answer in the chat shape, for the completion hooks).
     native: dict[str, Any] | None = None
+
+
+class NativeStream(Protocol):
+    """Reads one stream of an upstream that serves a front door's API itself."""
+
+    usage: Usage | None  # the usage the events so far report
+
+    def chunk(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The event as a chat chunk that carries the event itself under `native`."""
+        ...
+
+    def ends(self, event: dict[str, Any]) -> bool:
+        """Whether the event is the stream's last."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NativeApi:
+    """What a front door provides for an upstream that serves its API itself (`RequestContext.native_api`).
+
+    The client gets that upstream's own answer; the upstream lane reads it into the chat shape
+    the completion hooks read (cache admission, metering) with these.
+    """
+
+    usage: Callable[[Any], Usage | None]  # the API's usage object as tierlane's (any JSON value)
+    chat: Callable[[dict[str, Any]], dict[str, Any]]  # a whole answer as the chat completion it stands for
+    stream: Callable[[], NativeStream]  # a reader for one stream
+
+
+class ModelCall:
+    """The telemetry span of one lane call, open from `start` until the answer has ended.
+
+    A stream's usage and duration are only known when it ends, after `Pipeline.answer` has
+    returned, so the span cannot be a `with` block there; `finish` (or `fail`) ends it once.
+    """
+
+    __slots__ = ("_handle", "_span")
+
+    def __init__(self, telemetry: Any, ctx: RequestContext) -> None:
+        self._span: Any = telemetry.model_span(ctx)
+        self._handle: contextlib.ExitStack | None = None
+
+    def start(self) -> None:
+        handle = contextlib.ExitStack()
+        self._span = handle.enter_context(self._span)
+        self._handle = handle
+
+    def finish(self, outcome: Outcome) -> None:
+        """End the span with the answer the client got (assembled for streams)."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        self._span.set_response(outcome.response)
+        handle.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the span of a lane call that raised before it had an answer."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.__exit__(type(exc), exc, exc.__traceback__)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -91,6 +158,7 @@ class RequestContext:
     quality_probe: Any = None
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
+    native_api: NativeApi | None = None  # set with native_body by the front door: how its API's answers read as chat
     # NOTE: generated here, never taken from the client: budgets key what a request holds by it,
     # and a client reusing its x-request-id must not overwrite another request's charges.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)

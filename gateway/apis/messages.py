@@ -26,6 +26,7 @@ from gateway.apis.common import (
     tool_calls,
 )
 from gateway.apis.messages_wire import CountTokensRequest, MessagesRequest, to_chat
+from gateway.apis.native import MESSAGES
 from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError, as_gateway_error, render_unexpected
 from gateway.keys import ERROR_FORMATS, PIPELINE
@@ -208,6 +209,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     ctx = chat_context(request, body, "messages", dropped, session=_session(req))
     ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
     ctx.native_body = raw  # for an upstream that serves the Messages API itself
+    ctx.native_api = MESSAGES  # and how its answers read as chat
     return await serve(request, ctx, WIRE)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gateway.context import Usage
+from gateway.context import NativeApi, Usage
 
 # Anthropic stop reasons as chat finish reasons.
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
@@ -107,3 +107,11 @@ class MessagesStreamReader:
         choices = [{"index": 0, "delta": delta, "finish_reason": finish}] if delta or finish else []
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": choices, "native": event}
+
+    def ends(self, event: dict[str, Any]) -> bool:
+        """Whether the event is the stream's last (`message_stop`)."""
+        return event.get("type") == "message_stop"
+
+
+# What the Messages front door puts on the context with the client's own body (`RequestContext.native_api`).
+MESSAGES = NativeApi(usage=message_usage, chat=chat_from_message, stream=MessagesStreamReader)

@@ -14,10 +14,8 @@ from typing import Any
 import aiohttp
 
 from gateway.apis.field_policy import DROPPED_ATTRIBUTE, DROPPED_HEADER
-from gateway.apis.native import MessagesStreamReader, chat_from_message, message_usage
-from gateway.context import Answer, RequestContext, Usage
+from gateway.context import TRIM_HEADER, Answer, NativeApi, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
-from gateway.pipeline.trim import HEADER as TRIM_HEADER
 from gateway.upstream.affinity import key_for
 from gateway.upstream.pool import NativeRequest, UpstreamPool, UpstreamReply, forwardable_headers
 from gateway.upstream.sse import DONE, iter_events
@@ -53,8 +51,10 @@ async def answer(
     # NOTE: a front door's request goes as the client sent it (model mapped) to a member that serves
     # that API itself: fields no translation knows survive (cache_control marks, thinking blocks).
     # Decided per member by the pool: a fallback that does not serve it gets the translation.
+    # The front door that set the body provides how its API's answers read as chat (ctx.native_api).
     native_request: NativeRequest | None = None
-    if ctx.native_body is not None and ctx.api == "messages" and pool.serves_natively(pool_name, ctx.api):
+    native_api = ctx.native_api
+    if ctx.native_body is not None and native_api is not None and pool.serves_natively(pool_name, ctx.api):
         own = ctx.native_body if ctx.target_model == ctx.native_body.get("model") else {**ctx.native_body,
                                                                                          "model": ctx.target_model}
         native_request = NativeRequest(ctx.api, "/" + ctx.api, own)
@@ -97,8 +97,11 @@ async def answer(
     native = reply.native
     ctx.attributes["tierlane.upstream.native"] = native
     if native:
+        assert native_api is not None, "only a request sent natively gets a native answer"
         _went_native(ctx)
-        return _whole_native(ctx, reply) if reply.response is None else Answer(lane="upstream", chunks=_relay_native(ctx, reply))
+        if reply.response is None:
+            return _whole_native(ctx, reply, native_api)
+        return Answer(lane="upstream", chunks=_relay_native(ctx, reply, native_api))
     if reply.response is None:
         return _whole(ctx, reply)
     return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage, estimate))
@@ -116,21 +119,21 @@ def _went_native(ctx: RequestContext) -> None:
         ctx.response_headers[TRIM_HEADER] = "none;native"
 
 
-def _whole_native(ctx: RequestContext, reply: UpstreamReply) -> Answer:
+def _whole_native(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> Answer:
     if reply.status >= 400:
         raise _client_error(reply)
     if not isinstance(reply.body, dict):
         raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
-    ctx.usage = message_usage(reply.body.get("usage"))
+    ctx.usage = api.usage(reply.body.get("usage"))
     ctx.first_token_at = time.perf_counter()
     native = reply.body if ctx.client_model is None else {**reply.body, "model": ctx.client_model}
-    return Answer(lane="upstream", body=chat_from_message(reply.body), native=native)
+    return Answer(lane="upstream", body=api.chat(reply.body), native=native)
 
 
-async def _relay_native(ctx: RequestContext, reply: UpstreamReply) -> AsyncGenerator[dict[str, Any], None]:
-    """The upstream's own events, each with its chat chunk, until `message_stop`."""
+async def _relay_native(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> AsyncGenerator[dict[str, Any], None]:
+    """The upstream's own events, each with its chat chunk, until the API's last event."""
     assert reply.response is not None
-    reader = MessagesStreamReader()
+    reader = api.stream()
     ok = blame = False
     waited = time.perf_counter()
     try:
@@ -147,7 +150,7 @@ async def _relay_native(ctx: RequestContext, reply: UpstreamReply) -> AsyncGener
             if ctx.first_token_at is None and chunk["choices"]:
                 ctx.first_token_at = time.perf_counter()
             yield chunk
-            if event.get("type") == "message_stop":
+            if reader.ends(event):
                 ok = True
                 return
             waited = time.perf_counter()

@@ -7,49 +7,15 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from gateway.cascade import Escalate
-from gateway.context import Answer, Outcome, RequestContext
+from gateway.context import Answer, ModelCall, Outcome, RequestContext
 from gateway.errors import Overloaded
 from gateway.lanes import upstream as upstream_lane
 from gateway.pipeline.base import CompletionHook, Stage
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
-
-
-class ModelCall:
-    """The telemetry span of one lane call, open from `start` until the answer has ended.
-
-    A stream's usage and duration are only known when it ends, after `Pipeline.answer` has
-    returned, so the span cannot be a `with` block there; `finish` (or `fail`) ends it once.
-    """
-
-    __slots__ = ("_handle", "_span")
-
-    def __init__(self, telemetry: Any, ctx: RequestContext) -> None:
-        self._span: Any = telemetry.model_span(ctx)
-        self._handle: contextlib.ExitStack | None = None
-
-    def start(self) -> None:
-        handle = contextlib.ExitStack()
-        self._span = handle.enter_context(self._span)
-        self._handle = handle
-
-    def finish(self, outcome: Outcome) -> None:
-        """End the span with the answer the client got (assembled for streams)."""
-        handle, self._handle = self._handle, None
-        if handle is None:
-            return
-        self._span.set_response(outcome.response)
-        handle.close()
-
-    def fail(self, exc: BaseException) -> None:
-        """End the span of a lane call that raised before it had an answer."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.__exit__(type(exc), exc, exc.__traceback__)
 
 
 class Pipeline:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.context import RequestContext
+from gateway.context import TRIM_HEADER, RequestContext
 from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.services import Services
 from policies.policy import Policy
@@ -21,7 +21,6 @@ from telemetry import attributes as attr
 
 log = logging.getLogger(__name__)
 
-HEADER = "x-tierlane-trim"
 # Requests this small are trimmed on the event loop, not on a worker thread (see small_enough_inline).
 INLINE_MESSAGES = 4
 INLINE_CHARS = 300
@@ -53,12 +52,12 @@ class TrimStage:
     async def run(self, ctx: RequestContext) -> None:
         if ctx.operation != "chat":
             return None
-        if (ctx.header(HEADER) or "").strip().lower() == "off":
-            ctx.response_headers[HEADER] = "off"
+        if (ctx.header(TRIM_HEADER) or "").strip().lower() == "off":
+            ctx.response_headers[TRIM_HEADER] = "off"
             return None
         policy = self._policy_for(ctx.principal.tenant, ctx.principal.app, ctx.model)
         if not policy.enabled:
-            ctx.response_headers[HEADER] = "off"
+            ctx.response_headers[TRIM_HEADER] = "off"
             return None
         # Measured by bench/trim_savings.py (stage_cost): milliseconds for a 2k-token conversation,
         # mostly tokenizing, so it runs on a worker thread. NOTE: the trim deep-copies the body first
@@ -169,9 +168,9 @@ def _record(ctx: RequestContext, result: TrimResult) -> None:
             value += f";dropped={sum(1 for d in result.dropped if d.reason == HISTORY_REASON)}"
         if ctx.trim_saved.get("tool_output"):
             value += f";cut=tool_output:{cut_tool_results(result)}"
-        ctx.response_headers[HEADER] = value + (";estimated" if result.estimated else "")
+        ctx.response_headers[TRIM_HEADER] = value + (";estimated" if result.estimated else "")
     else:
-        ctx.response_headers[HEADER] = "none"
+        ctx.response_headers[TRIM_HEADER] = "none"
 
 
 def build(services: Services) -> TrimStage | None:

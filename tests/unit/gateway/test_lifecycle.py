@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.context import Outcome, Principal, RequestContext
+from gateway.context import ModelCall, Outcome, Principal, RequestContext
 from gateway.keys import PIPELINE, SERVICES
 from gateway.pipeline import shadow
 from gateway.pipeline.route import RouteStage
-from gateway.pipeline.runner import ModelCall, Pipeline
+from gateway.pipeline.runner import Pipeline
 from gateway.pipeline.shadow import ShadowConfig, ShadowHook, ShadowStore
 from gateway.services import Services
 from gateway.settings import Settings
