@@ -178,8 +178,8 @@ class PoolSettings(_Strict):
         "(or its session) in its KV cache, weighed against load; session: the session's member only; least_outstanding: "
         "load alone; round_robin: in turn. Prefix affinity is least-outstanding where nothing matches")
     max_load_ratio: float = Field(
-        2.0, ge=1.0, description="affinity never picks a member with more than this many times the least-loaded "
-        "member's outstanding requests (plus one)")
+        1.5, ge=1.0, description="affinity never picks a member with more than this many times the members' mean "
+        "load, the request being placed counted (consistent hashing with bounded loads)")
 
 
 class EdgeSettingsModel(EdgeSettings):

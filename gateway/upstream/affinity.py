@@ -9,7 +9,7 @@ to the one before (so a hash stands for the whole prefix up to it), an LRU of th
 sized by the member's KV capacity (it forgets what the server will have evicted). A request goes
 to the member with the longest matched prefix, weighed against load (vLLM production-stack's
 score: matched share - LOAD_WEIGHT x relative load), never to a member with more than
-`max_load_ratio` times the least-loaded one's load (plus one); with no match it is the least
+`max_load_ratio` times the members' mean load, this request counted (bounded loads); with no match it is the least
 loaded member. The chain of block hashes starts from the request's tenant, so one tenant's prompt
 never matches what another tenant sent (the member named in `x-tierlane-upstream` says nothing of
 other tenants' prompts; a prefix two tenants share is no longer steered to one member for both).
@@ -192,17 +192,23 @@ class Balancer:
     """The members' prefix indexes, for one pool (sessions are walked, never remembered)."""
 
     mode: str = "prefix_affinity"  # prefix_affinity | session | least_outstanding | round_robin
-    max_load_ratio: float = 2.0
+    max_load_ratio: float = 1.5
     indexes: dict[str, PrefixIndex] = field(default_factory=dict)
     hits: int = 0  # requests sent where a prefix was found (for a session: on the member its walk picked)
     picks: int = 0
     _turn: int = 0  # round_robin's position
 
     def within_bound(self, candidates: Sequence[Member]) -> list[Member]:
-        """The members within `max_load_ratio` x the least loaded one's shared load (plus one): the same
-        members on every replica that reads the same scraped loads."""
-        least = min(m.shared_load for m in candidates)
-        return [m for m in candidates if m.shared_load <= self.max_load_ratio * least + 1] or list(candidates)
+        """The members whose load is at most `max_load_ratio` x the members' mean load counting this request
+        (consistent hashing with bounded loads, Mirrokni et al. 2018): the same members on every replica
+        that reads the same scraped loads.
+
+        NOTE: against the mean, not the least loaded member: with a few requests in flight some member
+        is nearly always idle, and a bound of a multiple of the least load (0) moved a session off its
+        member whenever that member ran two, for one cold prefill elsewhere that evicts another
+        session's prefix there, where waiting a turn's few tokens behind them costs less."""
+        mean = (sum(m.shared_load for m in candidates) + 1) / len(candidates)
+        return [m for m in candidates if m.shared_load <= self.max_load_ratio * mean] or list(candidates)
 
     def choose(self, candidates: Sequence[Member], key: AffinityKey | None) -> Member:
         """The member for a request among `candidates` (non-empty: those with a closed breaker, not yet tried)."""

@@ -75,7 +75,7 @@ def test_the_balancer_follows_the_prefix_within_the_load_bound_and_walks_session
     key = key_for(turn(1), None)
     balancer.record(b, key, capacity_tokens=100_000)
     assert all(balancer.choose([a, b], key_for(turn(2), None)) is b for _ in range(20))  # its next turn
-    b.inflight = 5  # more than max_load_ratio x the least loaded + 1: the cache is not worth the queue
+    b.inflight = 5  # more than max_load_ratio x the mean load (3): the cache is not worth the queue
     assert balancer.choose([a, b], key_for(turn(2), None)) is a
     b.inflight = 1
     assert balancer.choose([a, b], key_for(turn(2), None)) is b  # within the bound: the prefix wins
@@ -88,7 +88,7 @@ def test_the_balancer_follows_the_prefix_within_the_load_bound_and_walks_session
     balancer.record(home, session, capacity_tokens=100_000)
     home.inflight, other.inflight = 1, 0
     assert balancer.choose([a, b], session) is home  # within the bound: its member
-    home.inflight = 3  # beyond the bound: the session goes to the next member of its ranking...
+    home.inflight = 4  # beyond the bound (1.5 x a mean of 2.5): the session goes to the next member of its ranking...
     moved = balancer.choose([a, b], session)
     assert moved is other
     balancer.record(moved, session, capacity_tokens=100_000)
