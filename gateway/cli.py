@@ -15,6 +15,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.replay.cli",
     "policies.router.cli",
     "policies.edge_quality.cli",
+    "gateway.commands.edge_model",  # `tierlane edge pull`, beside calibrate and probe
     "policies.trim.cli",
     "gateway.commands.usage",
 ]

@@ -103,13 +103,18 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
 async def _cascade(settings: Settings, policy: Policy) -> Any:
     await _warm_normalisation()  # the edge prior's features normalise with it
     from gateway.cascade import Cascade
+    from gateway.edge_calibration import BackgroundCalibration, find_for_model
     from policies.cascade import CascadePolicy
-    from policies.edge_quality.model import load_for_model
 
     # NOTE: a calibration measured on another GGUF would judge this model by that one's
-    # answers: it is refused (logged), and `auto` falls back to the router's decision.
-    path = CascadePolicy(policy).section.calibration
-    return Cascade(policy, load_for_model(settings.edge.resolved_model_path(), path))
+    # answers: it is refused (logged), and the edge lane takes no `auto` traffic until this
+    # model has its own (gateway/edge_calibration.py).
+    named = settings.edge.calibration or CascadePolicy(policy).section.calibration
+    calibration, status = await find_for_model(settings.edge, named)
+    cascade = Cascade(policy, calibration, status)
+    if calibration is None and settings.edge.calibrate_on_start:
+        cascade.background = BackgroundCalibration(status, settings.edge, cascade.take_calibration)  # see after_start
+    return cascade
 
 
 async def _responses(settings: Settings, policy: Policy) -> Any:

@@ -34,6 +34,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # pydantic's ValidationError is a ValueError too
         print(f"tierlane: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2
+    problem = model_problem(settings, args.config)
+    if problem:
+        print(f"tierlane: refusing to start: {problem}", file=sys.stderr, flush=True)
+        return 2
     if settings.server.uvloop:
         _use_uvloop()
     app = create_app(settings)
@@ -53,6 +57,24 @@ def _serve(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+def model_problem(settings: Settings, config: str | None = None) -> str | None:
+    """Why the edge model cannot be loaded as configured (missing, or unlike its pinned digest), or None.
+
+    Checked before anything starts: the gateway never downloads, so a hub file not yet pulled is
+    an error that names the command to run with this very settings file.
+    """
+    from edge_engine.model_source import ModelUnavailable
+    from gateway.settings import Settings
+
+    if not settings.edge.enabled:
+        return None
+    try:
+        settings.edge.resolved_model_path(pull_command=Settings.pull_command(config))
+    except ModelUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def start_hint(settings: Settings) -> str:

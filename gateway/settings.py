@@ -43,14 +43,16 @@ def is_loopback(host: str) -> bool:
 
 
 class ServerSettings(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    """Where the gateway listens and what one request may carry."""
+
+    host: str = Field("127.0.0.1", description="listen address (TIERLANE_HOST); open auth mode listens on loopback only")
+    port: int = Field(8080, ge=0, le=65535, description="listen port (TIERLANE_PORT)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_n: int = Field(8, ge=1, description="largest `n` a request may ask for")
     max_items: int = Field(
         8192, ge=16, description="most messages, input items, content parts and tools one request may carry (400 past "
         "it): validating one costs ~25 us of the event loop, so this bounds a request's validation to ~0.2 s")
-    shutdown_timeout_s: float = Field(10.0, gt=0)
+    shutdown_timeout_s: float = Field(10.0, gt=0, description="on SIGTERM, requests in flight get this long to finish")
     uvloop: bool = Field(True, description="run on uvloop where it is installed (faster I/O)")
     gc_freeze: bool = Field(
         True,
@@ -61,8 +63,8 @@ class ServerSettings(_Strict):
 
 class ApiKey(_Strict):
     sha256: str = Field(description="hex SHA-256 digest of the key; the key itself is never stored")
-    tenant: str
-    app: str = "default"
+    tenant: str = Field(description="the tenant whose budgets, cache and usage the key's requests count against")
+    app: str = Field("default", description="the app within the tenant (budgets, usage and metrics per app)")
     admin: bool = Field(False, description="may read usage, purge the cache, read /v1/shadow (and /metrics if global)")
     admin_scope: Literal["global", "tenant"] = Field(
         "global", description="what an admin key administers: global = every tenant, tenant = its own tenant only"
@@ -84,10 +86,12 @@ class ApiKey(_Strict):
 
 
 class AuthSettings(_Strict):
+    """Who may call the gateway: open (local use) or API keys stored as SHA-256 digests."""
+
     mode: Literal["open", "keys"] = Field(
         "open", description='open: every caller is an admin of tenant "default" (loopback only); keys: API keys'
     )
-    keys: list[ApiKey] = Field(default_factory=list)
+    keys: list[ApiKey] = Field(default_factory=list, description="the API keys, as digests (`tierlane hash-key` makes one)")
     keys_file: Path | None = Field(
         None, description="YAML/JSON list of keys (same fields as `keys`), added to them at load; e.g. a mounted Secret"
     )
@@ -105,7 +109,9 @@ NativeApi = Literal["chat", "messages"]
 
 
 class UpstreamSettings(_Strict):
-    name: str
+    """One upstream server (an entry of `upstreams`): where it is, what it serves, how it is retried."""
+
+    name: str = Field(description="the member's name (in x-tierlane-upstream, metrics and logs)")
     base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://10.0.0.5:8000/v1")
     api_key_env: str | None = Field(None, description="environment variable holding the upstream key")
     pass_client_auth: bool = Field(False, description="forward the client's own Authorization header")
@@ -115,18 +121,18 @@ class UpstreamSettings(_Strict):
         description="APIs served natively: chat (OpenAI's, always), messages (Anthropic's /messages): a Messages request "
         "routed to a pool whose every upstream (fallbacks included) serves it gets the client's body as sent, model mapped",
     )
-    pool: str = "default"
-    connect_timeout_s: float = Field(3.0, gt=0)
+    pool: str = Field("default", description="the pool this upstream is a member of (see `pools`)")
+    connect_timeout_s: float = Field(3.0, gt=0, description="longest wait for a connection (nothing sent yet: another member may take it)")
     read_timeout_s: float = Field(120.0, gt=0, description="longest silence between bytes")
-    total_timeout_s: float = Field(600.0, gt=0)
-    max_connections: int = Field(256, ge=1)
-    retries: int = Field(2, ge=0, le=10)
-    backoff_base_s: float = Field(0.1, ge=0)
-    backoff_max_s: float = Field(2.0, ge=0)
+    total_timeout_s: float = Field(600.0, gt=0, description="longest one upstream call may take in all (504 past it)")
+    max_connections: int = Field(256, ge=1, description="open connections to this upstream at most")
+    retries: int = Field(2, ge=0, le=10, description="retries on connect errors, 429, 502 and 503 (a Retry-After is honoured)")
+    backoff_base_s: float = Field(0.1, ge=0, description="the wait before a retry: between this and twice this, at random")
+    backoff_max_s: float = Field(2.0, ge=0, description="the longest wait before a retry")
     max_retry_after_s: float = Field(10.0, ge=0, description="a longer Retry-After is passed to the client")
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
-    breaker_cooldown_s: float = Field(10.0, gt=0)
-    max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    breaker_cooldown_s: float = Field(10.0, gt=0, description="an open breaker lets a request through again after this long")
+    max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="largest answer (or stream event) read from this upstream")
     kv_capacity_tokens: int = Field(
         131_072, ge=1024, description="the KV cache this server keeps prompts in (tokens, all slots): the gateway "
         "remembers about this much of what it sent there for prefix affinity, least recently sent forgotten first")
@@ -172,7 +178,9 @@ class UpstreamSettings(_Strict):
 
 
 class PoolSettings(_Strict):
-    fallback: list[str] = Field(default_factory=list)
+    """A pool of upstreams (an entry of `pools`, by name): how a member is picked, and where to go when all fail."""
+
+    fallback: list[str] = Field(default_factory=list, description="pools tried in order when every member of this one fails")
     balance: Literal["prefix_affinity", "session", "least_outstanding", "round_robin"] = Field(
         "prefix_affinity", description="how a member is picked: the one already holding the request's prompt prefix "
         "(or its session) in its KV cache, weighed against load; session: the session's member only; least_outstanding: "
@@ -195,10 +203,29 @@ class EdgeSettingsModel(EdgeSettings):
         default_factory=lambda: ["smollm2", "SmolLM2-135M-Instruct"],
         description="more model names that reach the edge lane (besides model_name)",
     )
+    # The calibration of the model (docs/edge-calibration.md): without one made for this very
+    # file (by sha256), the edge takes no `auto` traffic; requests naming it are still answered.
+    calibration: str | None = Field(
+        None, description="calibration artifact directory for this model (null: the shipped one, made for the bundled "
+        "model; either way the per-digest cache is looked in next; the policy's cascade.calibration also names one)")
+    calibration_cache: str | None = Field(
+        None, description="where calibrations keyed by the model's sha256 are kept (null: ~/.cache/tierlane/calibration)")
+    calibrate_on_start: bool | Literal["background"] = Field(
+        False, description="true or background: with no calibration for the model, calibrate it in the background after "
+        "start (/readyz says calibrating); the edge takes `auto` traffic once it is done, no restart needed")
+    calibrate_budget_s: float = Field(900.0, gt=0, description="seconds the background calibration may probe for")
+    calibrate_limit: int | None = Field(
+        None, ge=1, description="probes per split the background calibration runs at most (null: the whole probe set)")
+    calibrate_min_probes: int = Field(
+        50, ge=1, description="fewest answered calibration probes the background calibration writes an artifact from")
+    calibrate_concurrency: int = Field(
+        4, ge=1, description="probes the background calibration keeps in flight on the serving engine")
 
 
 class EmbedderSettings(_Strict):
-    enabled: bool = True
+    """The sentence embedding the cache and the router read (all-MiniLM-L6-v2, bundled)."""
+
+    enabled: bool = Field(True, description="load the embedding model (off: no semantic cache matching, no router embedding)")
     backend: Literal["onnx", "torch"] = Field(
         "onnx", description="onnx: onnxruntime on a graph exported once from the bundled weights; torch: sentence-transformers"
     )
@@ -210,18 +237,21 @@ class EmbedderSettings(_Strict):
         "batch), about half the CPU; the router and edge prior read it within 0.01 of float32, the cache with its "
         "verifier refitted for it (bench/results/embedding_precision.json); fp32: the vectors the readers were fitted on",
     )
-    max_wait_ms: float = Field(2.0, ge=0)
-    max_batch: int = Field(64, ge=1)
+    max_wait_ms: float = Field(2.0, ge=0, description="longest a text waits for others to share its batch (only while others arrive)")
+    max_batch: int = Field(64, ge=1, description="most texts encoded in one batch")
 
 
 class TelemetrySettings(_Strict):
-    service_name: str = "tierlane"
-    tracing: bool = True
-    metrics: bool = True
+    """Spans, metrics and the ledger: what is recorded, and who may read /metrics."""
+
+    service_name: str = Field("tierlane", description="the OpenTelemetry service.name of spans and metrics")
+    tracing: bool = Field(True, description="OpenTelemetry spans (exported where OTEL_* names an endpoint)")
+    metrics: bool = Field(True, description="Prometheus /metrics and OpenTelemetry metrics")
     metering: bool = Field(True, description="ledger rows, cost attribution and budgets")
-    record_content: bool = False
-    tenants: list[str] = Field(default_factory=list)
-    apps: list[str] = Field(default_factory=list)
+    record_content: bool = Field(False, description="record prompt and answer text on spans (never, unless true)")
+    tenants: list[str] = Field(
+        default_factory=list, description="tenant label values allowed on /metrics; any other is reported as other")
+    apps: list[str] = Field(default_factory=list, description="app label values allowed on /metrics; any other is reported as other")
     metrics_auth: Literal["admin", "none"] = Field(
         "admin", description="GET /metrics: admin = needs a global admin key (open mode: anyone); none = public"
     )
@@ -239,7 +269,7 @@ class StateSettings(_Strict):
     )
     url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL of the shared store")
     key_prefix: str = Field("tierlane:", description="prefix of every key (the tenant follows as the hash tag {tenant})")
-    connect_timeout_ms: float = Field(200.0, gt=0)
+    connect_timeout_ms: float = Field(200.0, gt=0, description="longest wait for a connection to the store")
     op_timeout_ms: float = Field(100.0, gt=0, description="no request waits on the store longer than this")
     on_outage: Literal["deny", "local_share", "allow"] | None = Field(
         None,
@@ -315,7 +345,7 @@ class Settings(_Strict):
     """Everything the gateway is configured with."""
 
     server: ServerSettings = Field(default_factory=ServerSettings)
-    state_dir: Path = Path(".tierlane/state")
+    state_dir: Path = Field(Path(".tierlane/state"), description="cache entries, vectors, ledger, stored responses (TIERLANE_STATE_DIR)")
     auth: AuthSettings = Field(default_factory=AuthSettings)
     upstreams: list[UpstreamSettings] = Field(default_factory=list)
     pools: dict[str, PoolSettings] = Field(default_factory=dict)
@@ -330,7 +360,7 @@ class Settings(_Strict):
         description="client model name (globs: * ? [..]) -> auto, a lane's model or an upstream model; "
         "exact names first, then globs in order; a glob never renames a model the gateway serves by name",
     )
-    policy_file: Path | None = None
+    policy_file: Path | None = Field(None, description="operator policy YAML merged over policies/defaults/*.yaml (TIERLANE_POLICY)")
     policy: dict[str, Any] = Field(default_factory=dict, description="inline policy sections")
 
     @model_validator(mode="after")
@@ -344,6 +374,20 @@ class Settings(_Strict):
             )
         return self
 
+    @staticmethod
+    def source_file(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> str | Path | None:
+        """The settings file `load` reads: `path`, else $TIERLANE_CONFIG, else none (the embedded defaults)."""
+        env = os.environ if env is None else env
+        return path or env.get("TIERLANE_CONFIG") or None
+
+    @staticmethod
+    def pull_command(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> str:
+        """The `tierlane edge pull` command line that reads the same settings file as `load(path)`."""
+        import shlex
+
+        source = Settings.source_file(path, env=env)
+        return "tierlane edge pull" + (f" --config {shlex.quote(str(source))}" if source else "")
+
     @classmethod
     def load(
         cls,
@@ -355,7 +399,7 @@ class Settings(_Strict):
         """Embedded defaults, then `path` (or $TIERLANE_CONFIG), then TIERLANE_* variables, then overrides."""
         env = os.environ if env is None else env
         data: dict[str, Any] = yaml.safe_load((resources.files("gateway") / "defaults.yaml").read_text("utf-8"))
-        path = path or env.get("TIERLANE_CONFIG")
+        path = cls.source_file(path, env=env)
         if path:
             with open(path, encoding="utf-8") as fh:
                 data = _deep_merge(data, yaml.safe_load(fh) or {})
@@ -418,6 +462,12 @@ def read_keys_file(path: str | Path) -> list[Any]:
     return loaded
 
 
+def hub_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The hub token `tierlane edge pull` sends for a gated or private repository (HF_TOKEN); never a setting."""
+    env = os.environ if env is None else env
+    return env.get("HF_TOKEN") or None
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     server: dict[str, Any] = {}
@@ -449,8 +499,17 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["policy_file"] = env["TIERLANE_POLICY"]
     if "TIERLANE_EDGE" in env:
         out["edge"] = {"enabled": env["TIERLANE_EDGE"].lower() not in ("0", "off", "false", "no")}
-    if "TIERLANE_EDGE_MODEL_PATH" in env:
-        out.setdefault("edge", {})["model_path"] = env["TIERLANE_EDGE_MODEL_PATH"]
+    # The model: TIERLANE_EDGE_MODEL (or its older name TIERLANE_EDGE_MODEL_PATH) replaces both
+    # edge.model and edge.model_path of the file; TIERLANE_EDGE_MODEL wins where both are set.
+    for name in ("TIERLANE_EDGE_MODEL_PATH", "TIERLANE_EDGE_MODEL"):
+        if env.get(name):
+            out.setdefault("edge", {}).update(model=env[name], model_path=None)
+    if env.get("TIERLANE_EDGE_MODEL_SHA256"):
+        out.setdefault("edge", {})["model_sha256"] = env["TIERLANE_EDGE_MODEL_SHA256"]
+    if env.get("TIERLANE_MODEL_CACHE"):
+        out.setdefault("edge", {})["model_cache_dir"] = env["TIERLANE_MODEL_CACHE"]
+    if env.get("HF_ENDPOINT"):  # the hub's own variable, for `tierlane edge pull`
+        out.setdefault("edge", {})["hub_endpoint"] = env["HF_ENDPOINT"]
     if "TIERLANE_EDGE_PROBE_CACHE_DIR" in env:
         out.setdefault("edge", {})["probe_cache_dir"] = env["TIERLANE_EDGE_PROBE_CACHE_DIR"] or None
     if env.get("TIERLANE_EDGE_PROBE_CACHE_TTL_S"):

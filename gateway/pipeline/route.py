@@ -1,5 +1,9 @@
 """Pipeline stage: the lane (and upstream tier) of `auto` requests; lane policy is enforced for all.
 
+An edge model without a calibration of its own (`Cascade.calibrated`, gateway/edge_calibration.py)
+takes no `auto` traffic, whatever the router or a policy rule would pick; requests that name it
+(or force its lane with the route header) still reach it.
+
 For `auto`, in order: capabilities (what the edge cannot do goes upstream), the edge decision
 (the cascade's calibration, or the router where the cascade is off), then, where the tenant/app
 has upstream tiers, the router's score picks the tier of whatever goes upstream (escalations
@@ -54,7 +58,8 @@ log = logging.getLogger(__name__)
 # `router_strong` / `router_cost` (the lane reason stays on the span as tierlane.route.lane_reason).
 # Forced and capability reasons are kept: they say why the request could not stay local.
 TIER_REASONS = frozenset({"calibration_upstream", "router_strong", "router_weak_lane_forbidden",
-                          "policy_lane", "edge_unavailable", "calibration_history", "calibration_net_saving"})
+                          "policy_lane", "edge_unavailable", "calibration_history", "calibration_net_saving",
+                          "edge_uncalibrated"})
 
 
 class RouteStage:
@@ -105,6 +110,13 @@ class RouteStage:
         # NOTE: asked per request: an edge engine that is restarting after a failure is routed around
         return edge() if callable(edge) else edge
 
+    def edge_calibrated(self) -> bool:
+        """Whether `auto` traffic may go to the edge: its model has a calibration of its own.
+
+        Asked per request: a background calibration (edge.calibrate_on_start) may finish at any time.
+        Without a cascade (no edge engine, or a stage built without one) nothing is withheld."""
+        return self.cascade is None or self.cascade.calibrated
+
     async def run(self, ctx: RequestContext) -> Answer | None:
         if ctx.operation == "embeddings":
             return None
@@ -139,7 +151,16 @@ class RouteStage:
         if await self._agent_route(ctx, rules):
             return None
         usable = [lane for lane in rules.lanes if self.available(lane)]
+        uncalibrated = "edge" in usable and not self.edge_calibrated()
+        if uncalibrated:
+            usable.remove("edge")
         if not usable:
+            if uncalibrated:
+                raise UpstreamUnavailable(
+                    "the edge model has no calibration of its own, so it takes no 'auto' requests, and no other lane "
+                    f"this tenant/app may use is running; name the edge model ({self.edge_model!r}) to use it, or "
+                    "calibrate it (`tierlane edge calibrate`, or edge.calibrate_on_start)"
+                )
             raise UpstreamUnavailable(
                 f"no lane this tenant/app may use is running (allowed: {', '.join(rules.lanes)})"
             )
@@ -156,7 +177,12 @@ class RouteStage:
                 return None
         if len(usable) == 1:
             lane = usable[0]
-            reason = ("edge_unavailable" if lane == "upstream" else "no_upstream") if len(rules.lanes) > 1 else "policy_lane"
+            if uncalibrated:
+                reason = "edge_uncalibrated"
+            elif len(rules.lanes) > 1:
+                reason = "edge_unavailable" if lane == "upstream" else "no_upstream"
+            else:
+                reason = "policy_lane"
             score = await (self._tier_score(ctx, rules) if lane == "upstream" else self._free_score(ctx))
             self._apply(ctx, RouteDecision(lane, score, reason, rules.threshold), rules.target_for(lane), rules)
             return None
@@ -214,7 +240,8 @@ class RouteStage:
         settings = rules.agents.background
         cost = rules.tiers["cost"] if rules.tiers is not None else rules.upstream
         ctx.attributes["tierlane.route.background"] = why
-        if (settings.lane == "edge" and rules.allows("edge") and self.available("edge") and self.capabilities is not None
+        if (settings.lane == "edge" and rules.allows("edge") and self.available("edge") and self.edge_calibrated()
+                and self.capabilities is not None
                 and short_or_json(ctx.body, settings) and not await self.capabilities.gaps(ctx.operation, ctx.body)):
             self._apply(ctx, RouteDecision("edge", None, "background", rules.threshold), rules.edge, rules, tier=cost)
             return True

@@ -24,6 +24,10 @@ async def readyz(request: web.Request) -> web.Response:
             checks["edge"] = "loaded" if edge_up else "restarting"
             # a restarting edge is routed around; with no upstream to take over, the gateway is not ready
             ready = ready and (edge_up or services.pool.healthy())
+            calibration = services.cascade.status if services.cascade is not None else None
+            if calibration is not None:
+                # NOTE: never a reason to be unready: an uncalibrated edge only takes no `auto` traffic
+                checks["edge_calibration"] = calibration.to_json()
         if services.embedder is not None:
             # "torch" here means the ONNX export could not run; the log says why.
             checks["embedder"] = services.embedder.backend_name

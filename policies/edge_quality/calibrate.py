@@ -10,6 +10,11 @@
 4. Curves and thresholds from out-of-fold calibration scores only.
 5. Held-out split: scored once with the final models and reported (never used above). As a
    stress test, each family is also scored by models fitted without it (leave-one-family-out).
+
+With a time budget (`budget_s`) probes run in an order that spreads over splits and families,
+none starts once the budget is spent, and the fit uses what was answered; the manifest's `run`
+block says whether the run was cut short and how many probes it used. Fewer answered
+calibration probes than `min_probes` (or than were asked for, if fewer) is an error: no artifact.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import asyncio
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +38,9 @@ from policies.edge_quality.features import ANSWER_FEATURES, PROMPT_FEATURES, ans
 from policies.edge_quality.model import Curve, EdgeCalibration
 from policies.edge_quality.probes import FAMILIES, Probe, load_probes, probe_set_hash
 from policies.edge_quality.runner import MAX_TOKENS, EdgeRecord, run_probes
+
+if TYPE_CHECKING:
+    from edge_engine import EdgeEngine
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,11 @@ TARGET_TABLE = (0.70, 0.75, 0.80, 0.85, 0.90)  # min_local_accuracy targets whos
 # MIN_KEPT plus the envelope (model.Curve) are the only guards against small-count flukes.
 CURVE_Z = 0.0
 EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MIN_PROBES = 50  # answered calibration-split probes a run cut short by its budget must still have
+
+
+class CalibrationTooShort(ValueError):
+    """Too few probes were answered (the time budget ran out) to fit a calibration worth writing."""
 
 
 @dataclass(slots=True)
@@ -62,6 +76,8 @@ class CalibrationConfig:
     target: float = DEFAULT_TARGET
     cache: Path | None = field(default_factory=lambda: Path(".tierlane/cache/edge_quality/records.jsonl"))
     probes_path: Path | None = None
+    budget_s: float | None = None  # stop starting probes after this many seconds; None: run them all
+    min_probes: int = MIN_PROBES  # fewest answered calibration probes to write from (capped at those asked for)
 
 
 def resolve_model(path: Path | None) -> Path:
@@ -345,28 +361,90 @@ def leave_one_family_out(
     return {"auroc": report["auroc"], "policies": report["policies"], "policies_by_family": report["policies_by_family"]}
 
 
-def calibrate(config: CalibrationConfig, progress: Callable[[int], None] | None = None, total: Callable[[int], None] | None = None) -> dict[str, Any]:
+def interleave(probes: Sequence[Probe]) -> list[Probe]:
+    """The probes in an order where any prefix spreads over both splits and every family
+    (round-robin over (split, family), each list in file order): what a run cut short keeps."""
+    queues = {
+        (split, family): [p for p in probes if p.split == split and p.family == family]
+        for split in ("calibration", "held_out") for family in FAMILIES
+    }
+    rest = [p for p in probes if (p.split, p.family) not in queues]
+    out: list[Probe] = []
+    depth = 0
+    while any(depth < len(q) for q in queues.values()):
+        out.extend(q[depth] for q in queues.values() if depth < len(q))
+        depth += 1
+    return out + rest
+
+
+def calibrate(
+    config: CalibrationConfig, progress: Callable[[int], None] | None = None, total: Callable[[int], None] | None = None,
+    model_sha256: str | None = None,
+) -> dict[str, Any]:
     """The whole run; writes the artifact when `config.out` is set and returns its manifest."""
+    return asyncio.run(calibrate_async(config, progress=progress, total=total, model_sha256=model_sha256))
+
+
+async def calibrate_async(
+    config: CalibrationConfig, *, progress: Callable[[int], None] | None = None, total: Callable[[int], None] | None = None,
+    engine: EdgeEngine | None = None, model_sha256: str | None = None,
+) -> dict[str, Any]:
+    """`calibrate` on a running loop: probes are submitted from it, hashing, embedding and fitting run
+    in a worker thread. `engine`: a started engine serving `config.model_path` (None: one is started
+    for the run); `model_sha256`: the model file's digest where it is already known."""
+    began = time.monotonic()
     model_path = resolve_model(config.model_path)
-    gguf_sha = sha256_file(model_path)
-    probes = limit_probes(load_probes(config.probes_path), config.limit)
+    gguf_sha: str = model_sha256 if model_sha256 else await asyncio.to_thread(sha256_file, model_path)
+    planned = limit_probes(load_probes(config.probes_path), config.limit)
+    deadline = None if config.budget_s is None else began + config.budget_s
+    if deadline is not None:
+        planned = interleave(planned)
     if total is not None:
-        total(len(probes))
-    records = asyncio.run(
-        run_probes(
-            probes, model_path=model_path, model_sha256=gguf_sha, threads=config.threads,
-            concurrency=config.concurrency, cache=config.cache, progress=progress,
-        )
+        total(len(planned))
+    records = await run_probes(
+        planned, model_path=model_path, model_sha256=gguf_sha, threads=config.threads,
+        concurrency=config.concurrency, cache=config.cache, progress=progress, engine=engine, deadline=deadline,
     )
-    texts = embedding_texts(probes)
-    vectors = embed(texts, config.cache.parent if config.cache is not None else None)
+    answered = {r.id for r in records}
+    probes = [p for p in planned if p.id in answered]
+    check_enough(planned, probes, config)
+    run = {
+        "budget_s": config.budget_s,
+        "cut_short": len(probes) < len(planned),
+        "probes_used": len(probes),
+        "probes_planned": len(planned),
+    }
     gguf = {"file": model_path.name, "sha256": gguf_sha, "size": model_path.stat().st_size}
-    return fit_and_report(probes, records, texts, vectors, config, gguf)
+
+    def fit() -> dict[str, Any]:
+        texts = embedding_texts(probes)
+        vectors = embed(texts, config.cache.parent if config.cache is not None else None)
+        return fit_and_report(probes, records, texts, vectors, config, gguf, run=run)
+
+    return await asyncio.to_thread(fit)
+
+
+def check_enough(planned: Sequence[Probe], answered: Sequence[Probe], config: CalibrationConfig) -> None:
+    """Raise CalibrationTooShort when the answered probes are too few to fit on."""
+    want_cal = sum(p.split == "calibration" for p in planned)
+    need = min(config.min_probes, want_cal)
+    got_cal = sum(p.split == "calibration" for p in answered)
+    got_held = sum(p.split == "held_out" for p in answered)
+    want_held = sum(p.split == "held_out" for p in planned)
+    if got_cal < max(need, 1) or (want_held and not got_held):
+        raise CalibrationTooShort(
+            f"only {got_cal} of {want_cal} calibration probes (and {got_held} of {want_held} held-out) were answered "
+            f"within the {config.budget_s:g} s budget; at least {max(need, 1)} calibration probes and one held-out probe "
+            "are needed to fit a calibration, so nothing was written. Give it more time (--budget-s), fewer probes "
+            "(--limit) or a lower --min-probes; answers are kept in the probe cache, so a rerun continues where this "
+            "one stopped." if config.budget_s is not None else
+            f"only {got_cal} calibration probes to fit on; at least {max(need, 1)} are needed"
+        )
 
 
 def fit_and_report(
     probes: Sequence[Probe], records: Sequence[EdgeRecord], texts: Sequence[str], vectors: np.ndarray,
-    config: CalibrationConfig, gguf: dict[str, Any],
+    config: CalibrationConfig, gguf: dict[str, Any], run: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit, choose thresholds, evaluate on the held-out split; writes the artifact when `config.out` is set."""
     cal_idx = [i for i, p in enumerate(probes) if p.split == "calibration"]
@@ -408,6 +486,8 @@ def fit_and_report(
             "held_out": len(held),
             "limit_per_split": config.limit,
         },
+        # whether the time budget cut the run short, and how many of the probes asked for it used
+        "run": run or {"budget_s": None, "cut_short": False, "probes_used": len(probes), "probes_planned": len(probes)},
         "embedding": {"model": EMBEDDING_MODEL, "text": "policies.cache.scope.embedding_text (last user turn)"},
         "decoding": {"temperature": 0.0, "max_tokens": MAX_TOKENS, "stop_on_loop": True, "low_confidence_run": 0},
         "libraries": library_versions(),

@@ -14,8 +14,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = edge.add_subparsers(dest="edge_command", metavar="ACTION", required=True)
 
     cal = sub.add_parser("calibrate", help="run the edge model over the probe set and write a calibration artifact")
-    cal.add_argument("--model", type=Path, default=None, help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
-    cal.add_argument("--out", type=Path, default=None, help="artifact directory to write (default: write nothing)")
+    cal.add_argument("--model", default=None,
+                     help="the model as edge.model names it: `bundled` (the default, SmolLM2-135M-Instruct), a GGUF "
+                     "path, or the hf://org/repo/file.gguf that `tierlane edge pull` put in the model cache")
+    cal.add_argument("--model-cache", default=None, help="the model cache (default: edge.model_cache_dir's default)")
+    cal.add_argument("--out", type=Path, default=None,
+                     help="artifact directory to write (default: the calibration cache, keyed by the model's sha256)")
+    cal.add_argument("--calibration-cache", type=Path, default=None,
+                     help="where artifacts keyed by model sha256 are kept (default: ~/.cache/tierlane/calibration; "
+                     "the gateway's edge.calibration_cache)")
+    cal.add_argument("--no-save", action="store_true", help="write no artifact (report only)")
+    cal.add_argument("--budget-s", type=float, default=None,
+                     help="stop starting probes after this many seconds and fit on the answered ones (default: no limit)")
+    cal.add_argument("--min-probes", type=int, default=None,
+                     help="fewest answered calibration probes to write an artifact from (default: 50, or all asked for "
+                     "if fewer)")
     cal.add_argument("--limit", type=int, default=None, help="at most N probes per split, spread over families")
     cal.add_argument("--seed", type=int, default=13, help="seed of the cross-validation folds")
     cal.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 is fastest on a busy 2-core box)")
@@ -44,12 +57,26 @@ def _fail(message: str, code: int = 2) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from policies.edge_quality.calibrate import CalibrationConfig, calibrate
+    from edge_engine.model_source import BUNDLED, DEFAULT_CACHE_DIR, ModelSourceError, resolve_model
+    from policies.edge_quality.calibrate import MIN_PROBES, CalibrationConfig, CalibrationTooShort, calibrate
+    from policies.edge_quality.lookup import publish_artifact, staging_dir
 
+    if args.budget_s is not None and args.budget_s < 0:
+        return _fail("--budget-s must be 0 or more")
+    try:
+        # never downloads: a hub file must have been pulled (the error names the command)
+        resolved = resolve_model(args.model or BUNDLED, None, args.model_cache or DEFAULT_CACHE_DIR)
+    except (OSError, ModelSourceError) as exc:
+        return _fail(str(exc))
+    model, digest = resolved.path, resolved.sha256
+    # NOTE: the cache entry is written beside its final place and moved there whole, so a
+    # gateway looking it up never reads half an artifact.
+    staged = None if args.out is not None or args.no_save else staging_dir(digest, args.calibration_cache)
     config = CalibrationConfig(
-        model_path=args.model, out=args.out, seed=args.seed, limit=args.limit, threads=args.threads,
-        concurrency=args.concurrency, target=args.target, cache=None if args.no_cache else args.cache,
-        probes_path=args.probes,
+        model_path=model, out=args.out if args.out is not None else staged, seed=args.seed, limit=args.limit,
+        threads=args.threads, concurrency=args.concurrency, target=args.target,
+        cache=None if args.no_cache else args.cache, probes_path=args.probes, budget_s=args.budget_s,
+        min_probes=MIN_PROBES if args.min_probes is None else args.min_probes,
     )
     bar = tqdm(total=0, desc="edge probes", unit="probe", file=sys.stderr)
 
@@ -58,11 +85,20 @@ def _calibrate(args: argparse.Namespace) -> int:
         bar.refresh()
 
     try:
-        manifest = calibrate(config, progress=bar.update, total=set_total)
+        manifest = calibrate(config, progress=bar.update, total=set_total, model_sha256=digest)
+    except CalibrationTooShort as exc:
+        return _fail(str(exc), code=3)
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     finally:
         bar.close()
+        if staged is not None and not (staged / "manifest.json").is_file():
+            import shutil
+
+            shutil.rmtree(staged, ignore_errors=True)
+    out = args.out
+    if staged is not None:
+        out = publish_artifact(staged, digest, args.calibration_cache)
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
@@ -72,7 +108,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         "held_out_auroc": {k: held["auroc"][k] for k in ("prior", "confidence")},
         "held_out_prior_cascade": held["policies"]["prior_cascade"],
         "defaults": manifest["defaults"],
-        "out": str(args.out) if args.out else None,
+        "run": manifest["run"],
+        "model_sha256": digest,
+        "out": str(out) if out else None,
     }, indent=1))
     return 0
 

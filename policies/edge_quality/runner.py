@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_engine import EdgeEngine, EdgeSettings, SamplingParams
+from edge_engine import EdgeEngine, EdgeSettings, Priority, SamplingParams
 from policies.edge_quality.checkers import is_correct
 from policies.edge_quality.probes import Probe
 
@@ -62,8 +63,10 @@ def engine_settings(model_path: str | Path | None, threads: int, slots: int = 8)
     )
 
 
-async def answer_one(engine: EdgeEngine, probe: Probe, params: SamplingParams) -> EdgeRecord:
-    generation = await engine.submit(messages=probe.messages, params=params)
+async def answer_one(
+    engine: EdgeEngine, probe: Probe, params: SamplingParams, priority: Priority = Priority.INTERACTIVE
+) -> EdgeRecord:
+    generation = await engine.submit(messages=probe.messages, params=params, priority=priority)
     text: list[str] = []
     logprobs: list[float] = []
     entropies: list[float] = []
@@ -95,10 +98,16 @@ async def run_probes(
     max_tokens: int = MAX_TOKENS,
     cache: Path | None = None,
     progress: Callable[[int], None] | None = None,
+    engine: EdgeEngine | None = None,
+    deadline: float | None = None,
 ) -> list[EdgeRecord]:
     """Records in probe order; probes already in `cache` for this model and prompt are not rerun.
 
     The checker verdict is recomputed from the cached text, so a checker fix needs no rerun.
+    `engine`: a started engine to use (left running); None: one is started for the run and closed.
+    `deadline` (time.monotonic()): no probe starts after it; the answered ones are returned, in
+    probe order, and probes then start in the given order (not longest first), so that a run cut
+    short holds the probes that came first.
     """
     key_of = {p.id: f"{model_sha256}|{max_tokens}|{p.prompt}" for p in probes}
     cached: dict[str, EdgeRecord] = {}
@@ -116,8 +125,11 @@ async def run_probes(
     results: dict[str, EdgeRecord] = dict(cached)
     if todo:
         params = sampling(max_tokens)
-        engine = EdgeEngine(engine_settings(model_path, threads, slots=concurrency))
-        await engine.start()
+        own = engine is None
+        if engine is None:
+            engine = EdgeEngine(engine_settings(model_path, threads, slots=concurrency))
+            await engine.start()
+        running = engine
         sem = asyncio.Semaphore(concurrency)
         lock = asyncio.Lock()
         if cache is not None:
@@ -126,7 +138,10 @@ async def run_probes(
 
         async def one(p: Probe) -> None:
             async with sem:
-                rec = await answer_one(engine, p, params)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return  # the time budget is spent: this probe is not run
+                # on a serving engine the probes queue behind the requests it serves
+                rec = await answer_one(running, p, params, Priority.INTERACTIVE if own else Priority.BATCH)
             results[p.id] = rec
             async with lock:
                 if fh is not None:
@@ -137,12 +152,14 @@ async def run_probes(
 
         try:
             # longest prompts first: they are the ones that would otherwise finish last alone
-            await asyncio.gather(*(one(p) for p in sorted(todo, key=lambda q: -len(q.prompt))))
+            order = todo if deadline is not None else sorted(todo, key=lambda q: -len(q.prompt))
+            await asyncio.gather(*(one(p) for p in order))
         finally:
             if fh is not None:
                 fh.close()
-            await engine.close()
-    return [results[p.id] for p in probes]
+            if own:
+                await running.close()
+    return [results[p.id] for p in probes if p.id in results]
 
 
 def _read_all(path: Path) -> dict[str, dict[str, Any]]:

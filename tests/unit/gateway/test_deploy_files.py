@@ -2,9 +2,9 @@
 the settings the gateway reads.
 
 The manifests are validated offline against the strict JSON schemas (no unknown field) of the
-Kubernetes version the README names, shipped by `kubernetes-validate`. The environment each file
+Kubernetes version docs/deployment.md names, shipped by `kubernetes-validate`. The environment each file
 gives the gateway, on top of what deploy/Dockerfile sets, must name only variables
-gateway/settings.py reads and the README lists, and must load as settings in keys mode.
+gateway/settings.py reads and docs/configuration.md lists, and must load as settings in keys mode.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ COMPOSE = DEPLOY / "docker-compose.yaml"
 
 
 def kubernetes_version() -> str:
-    """The version the README names: "... against the API of Kubernetes 1.NN ..."."""
-    found = re.search(r"API of Kubernetes (1\.\d+)", (REPO / "README.md").read_text(encoding="utf-8"))
-    assert found, "README.md names no Kubernetes version ('API of Kubernetes 1.NN') for deploy/k8s"
+    """The version the deployment page names: "... against the API of Kubernetes 1.NN ..."."""
+    found = re.search(r"API of Kubernetes (1\.\d+)", (REPO / "docs" / "deployment.md").read_text(encoding="utf-8"))
+    assert found, "docs/deployment.md names no Kubernetes version ('API of Kubernetes 1.NN') for deploy/k8s"
     return found.group(1) + ".0"
 
 
@@ -61,8 +61,9 @@ def settings_variables() -> set[str]:
     return set(re.findall(r"\"(TIERLANE_[A-Z_]+)\"", (REPO / "gateway" / "settings.py").read_text(encoding="utf-8")))
 
 
-def readme_variables() -> set[str]:
-    return set(re.findall(r"`(TIERLANE_[A-Z_]+)`", (REPO / "README.md").read_text(encoding="utf-8")))
+def documented_variables() -> set[str]:
+    """TIERLANE_* names the configuration page's environment table lists."""
+    return set(re.findall(r"`(TIERLANE_[A-Z_]+)`", (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")))
 
 
 def sidecar() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -90,11 +91,28 @@ def plain_env(container: dict[str, Any]) -> dict[str, str]:
 
 
 def load_settings(env: dict[str, str], keys_path: str, tmp_path: Path) -> Settings:
-    """The settings the gateway would load from this environment; the mounted keys file is a temporary one."""
+    """The settings the gateway would load from this environment; the mounted keys file is a temporary one,
+    and so is the config file a ConfigMap of the sidecar manifest mounts at TIERLANE_CONFIG."""
     keys = tmp_path / "keys.yaml"
     keys.write_text('- {sha256: "' + "0" * 64 + '", tenant: my-llm-app}\n')
     assert env["TIERLANE_API_KEYS_FILE"] == keys_path
-    return Settings.load(env={**env, "TIERLANE_API_KEYS_FILE": str(keys)})
+    env = {**env, "TIERLANE_API_KEYS_FILE": str(keys)}
+    if "TIERLANE_CONFIG" in env:
+        config = tmp_path / "tierlane.yaml"
+        config.write_text(mounted_config(env["TIERLANE_CONFIG"]), encoding="utf-8")
+        env["TIERLANE_CONFIG"] = str(config)
+    return Settings.load(env=env)
+
+
+def mounted_config(path: str) -> str:
+    """The text of the ConfigMap key the sidecar's tierlane container mounts at `path`."""
+    spec, _, gateway = sidecar()
+    mount = next(m for m in gateway["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])["configMap"]
+    item = next(i for i in volume["items"] if f"{mount['mountPath']}/{i['path']}" == path)
+    config_maps = {d["metadata"]["name"]: d for _, d in manifests() if d["kind"] == "ConfigMap"}
+    return str(config_maps[volume["name"]]["data"][item["key"]])
 
 
 @pytest.mark.parametrize("name,doc", manifests(), ids=[n for n, _ in manifests()])
@@ -135,11 +153,25 @@ def test_the_sidecar_shares_the_app_pod_network_on_loopback_with_keys_on(tmp_pat
     assert store.port in [p["port"] for p in services[str(store.hostname)]["spec"]["ports"]]
 
 
+def test_the_sidecar_edge_model_is_a_file_on_a_read_only_volume_the_pod_mounts(tmp_path: Path) -> None:
+    spec, _, gateway = sidecar()
+    env = {**image_env(), **plain_env(gateway)}
+    edge = load_settings(env, env["TIERLANE_API_KEYS_FILE"], tmp_path).edge
+    assert edge.enabled and edge.hub_file is None, "the gateway reads the model from the volume, never downloads it"
+    mount = next(m for m in gateway["volumeMounts"] if edge.model.startswith(m["mountPath"] + "/"))
+    assert mount.get("readOnly") is True and edge.model.endswith(".gguf")
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    claims = {d["metadata"]["name"] for _, d in manifests() if d["kind"] == "PersistentVolumeClaim"}
+    assert volume["persistentVolumeClaim"]["claimName"] in claims
+    # the gateway image's own layers carry no model choice: it comes from the mounted config
+    assert not {k for k in image_env() if k.startswith("TIERLANE_EDGE_MODEL")}
+
+
 def test_the_variables_of_the_manifests_are_ones_the_gateway_reads() -> None:
     _, _, gateway = sidecar()
     named = {k for k in plain_env(gateway) if k.startswith("TIERLANE_")} | {k for k in image_env() if k.startswith("TIERLANE_")}
     assert named <= settings_variables(), f"not read by gateway/settings.py: {sorted(named - settings_variables())}"
-    assert named <= readme_variables(), f"not in the README's environment table: {sorted(named - readme_variables())}"
+    assert named <= documented_variables(), f"not in docs/configuration.md's environment table: {sorted(named - documented_variables())}"
     upstream_key = plain_env(gateway).get("TIERLANE_UPSTREAM_API_KEY_ENV")
     assert upstream_key is None or upstream_key in plain_env(gateway)
 
@@ -178,7 +210,9 @@ def test_the_compose_gateways_load_as_settings_in_keys_mode(tmp_path: Path) -> N
         assert urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"]).hostname in services
         named = {k for k in env if k.startswith("TIERLANE_")}
         assert named <= settings_variables(), f"{name}: not read by gateway/settings.py: {sorted(named - settings_variables())}"
-        assert named <= readme_variables(), f"{name}: not in the README's environment table: {sorted(named - readme_variables())}"
+        assert named <= documented_variables(), (
+            f"{name}: not in docs/configuration.md's environment table: {sorted(named - documented_variables())}"
+        )
 
 
 def test_nginx_and_prometheus_reach_each_compose_replica_on_the_gateway_port() -> None:

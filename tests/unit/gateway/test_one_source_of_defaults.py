@@ -44,7 +44,9 @@ def _default(model: type[BaseModel], name: str) -> Any:
 
 def test_the_gateway_edge_section_is_the_engine_model_plus_the_lane_fields() -> None:
     assert issubclass(EdgeSettingsModel, EdgeSettings)
-    assert set(EdgeSettingsModel.model_fields) - set(EdgeSettings.model_fields) == {"enabled", "aliases"}
+    assert set(EdgeSettingsModel.model_fields) - set(EdgeSettings.model_fields) == {
+        "enabled", "aliases", "calibration", "calibration_cache", "calibrate_on_start", "calibrate_budget_s",
+        "calibrate_limit", "calibrate_min_probes", "calibrate_concurrency"}
     loaded = Settings.load(env={}).edge
     alone = EdgeSettings()
     assert loaded.model_dump(include=set(EdgeSettings.model_fields)) == alone.model_dump()
