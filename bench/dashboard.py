@@ -264,7 +264,7 @@ def main() -> int:
         "what": "GET /dashboard + GET /v1/dashboard over a seeded ledger, sequential loads on loopback; query = the server's own time",
         "ledger": seeded or {"state_dir": str(args.state_dir)},
         "views": views,
-        # flat copies, for the README's results table
+        # flat copies, for the results page's table (docs/results/)
         "page_load_p50_ms": {name: v["page_load_p50_ms"] for name, v in views.items()},
         "query_p50_ms": {name: v["query_p50_ms"] for name, v in views.items()},
         "browser": in_browser,

@@ -20,7 +20,7 @@ the host's network. Checked from outside, with the `openai` SDK as the client:
 
 What the running gateway loaded: the site-packages whose native libraries its process maps
 (/proc/<pid>/maps), beside the largest packages of the image: a large package it never maps is
-either pure Python it imports or dead weight (reported, for the README to justify or drop).
+either pure Python it imports or dead weight (reported, for the docs to justify or drop).
 
 Writes bench/results/image.json: image size and what takes the space, build time (from
 `make image`), start-up time (start to /readyz 200) and each check, with targets and verdicts.

@@ -1,7 +1,7 @@
 """deploy/k8s/fleet/: the gateway fleet, Valkey and the llama.cpp upstreams, checked offline (no cluster).
 
 Every manifest under deploy/k8s/ (the fleet and the sidecar) is validated against the strict JSON
-schemas (no unknown field) of the Kubernetes version the README names, as shipped inside
+schemas (no unknown field) of the Kubernetes version docs/deployment.md names, as shipped inside
 `kubernetes-validate`. The gateway config the ConfigMap mounts is loaded the way the container
 loads it: the image's environment, the file through TIERLANE_CONFIG, the Deployment's variables
 (Secret values as stand-ins, `$(VAR)` expanded as the kubelet does), by the gateway's own loader;
@@ -39,9 +39,9 @@ Doc = dict[str, Any]
 
 
 def kubernetes_version() -> str:
-    """The version the README names ("... against the API of Kubernetes 1.NN ..."), as the sidecar's test reads it."""
-    found = re.search(r"API of Kubernetes (1\.\d+)", (REPO / "README.md").read_text(encoding="utf-8"))
-    assert found, "README.md names no Kubernetes version ('API of Kubernetes 1.NN') for deploy/k8s"
+    """The version the deployment page names ("... against the API of Kubernetes 1.NN ..."), as the sidecar's test reads it."""
+    found = re.search(r"API of Kubernetes (1\.\d+)", (REPO / "docs" / "deployment.md").read_text(encoding="utf-8"))
+    assert found, "docs/deployment.md names no Kubernetes version ('API of Kubernetes 1.NN') for deploy/k8s"
     return found.group(1) + ".0"
 
 

@@ -1,6 +1,6 @@
-"""The README results block: rewritten between its markers from the result files, nothing else touched;
-the committed block is the one the committed result files render, and every target they name has a
-verdict recomputed from their own figures."""
+"""The benchmark results pages (docs/results/): rendered whole from the result files, left-over files
+removed; the committed pages are the ones the committed result files render, and every target they
+name has a verdict recomputed from their own figures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench._verdicts import builder_for, holds, rate, speculative_record, target, wilson
-from bench.results_readme import END, START, main, render, rewrite
+from bench.results_readme import PAGES, differences, main, page_of, render_pages
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "bench" / "results"
@@ -30,37 +30,47 @@ def _results(tmp_path: Path) -> Path:
     return results
 
 
-def test_block_is_appended_then_replaced_in_place(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# title\n\nbody text\n")
+def test_pages_are_written_then_rewritten_and_left_over_files_removed(tmp_path: Path) -> None:
     results = _results(tmp_path)
-    assert main(["--readme", str(readme), "--results", str(results)]) == 0
-    first = readme.read_text()
-    assert first.startswith("# title\n\nbody text\n\n" + START)
-    assert first.rstrip().endswith(END)
-    assert "| 1 | 0.5 | 1.5 | 1 | 3 | 900 | 500 | 0.55 |" in first
-    assert "| score | 0.91 |" in first and "### broken" not in first
-    readme.write_text(first + "\ntrailing section\n")
+    (results / "other_chart.png").write_bytes(b"\x89PNG chart")
+    out = tmp_path / "docs" / "results"
+    assert main(["--out", str(out), "--results", str(results), "--check"]) == 1  # nothing there yet
+    assert main(["--out", str(out), "--results", str(results)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{page}.md" for page in PAGES), "index.md", "other_chart.png"])
+    gateway = (out / "gateway.md").read_text()
+    assert gateway.startswith(f"# {PAGES['gateway'][0]}\n")
+    assert "## proxy_overhead" in gateway and "| 1 | 0.5 | 1.5 | 1 | 3 | 900 | 500 | 0.55 |" in gateway
+    assert "| score | 0.91 |" in gateway and "## broken" not in gateway
+    assert "![other_chart.png](other_chart.png)" in gateway.split("## other")[1]
+    assert (out / "other_chart.png").read_bytes() == b"\x89PNG chart"
+    assert "[proxy_overhead](gateway.md#proxy_overhead)" in (out / "index.md").read_text()
+    assert "No result file renders on this page yet." in (out / "fleet.md").read_text()
+    (out / "stale.md").write_text("left over")
     (results / "other.json").write_text(json.dumps({"benchmark": "other", "score": 0.5}))
-    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 1
-    assert main(["--readme", str(readme), "--results", str(results)]) == 0
-    second = readme.read_text()
-    assert "| score | 0.5 |" in second and second.count(START) == 1
-    assert second.endswith("\ntrailing section\n") and second.startswith("# title\n\nbody text\n")
-    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
+    assert main(["--out", str(out), "--results", str(results), "--check"]) == 1
+    assert differences(out, render_pages(results)) == ["gateway.md", "stale.md"]
+    assert main(["--out", str(out), "--results", str(results)]) == 0
+    assert "| score | 0.5 |" in (out / "gateway.md").read_text() and not (out / "stale.md").exists()
+    assert main(["--out", str(out), "--results", str(results), "--check"]) == 0
 
 
-def test_a_lone_marker_is_refused() -> None:
-    with pytest.raises(ValueError, match="one results marker"):
-        rewrite(f"text\n{START}\nno end\n", "block")
+def test_each_bench_goes_to_the_page_of_its_group() -> None:
+    assert page_of("prefix_affinity") == "fleet" and page_of("shared_state") == "fleet"
+    assert page_of("edge_models") == "edge" and page_of("edge_escalation_ttfb_c16") == "edge"
+    assert page_of("agreement_judge") == "routing" and page_of("router_lofo") == "routing"
+    assert page_of("agent_sessions") == "agents" and page_of("cache_error_bound") == "cache"
+    assert page_of("metering_overhead_sampled_0.1") == "gateway" and page_of("a_new_bench") == "gateway"
 
 
-def test_committed_readme_block_is_the_one_the_result_files_render() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    start, end = readme.find(START), readme.find(END)
-    assert start != -1 and end > start, "README.md has no results block"
-    committed = readme[start : end + len(END)]
-    assert committed == render(RESULTS), "README.md results are out of date: run bench/results_readme.py"
+def test_the_navigation_lists_every_results_page() -> None:
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in ["index", *PAGES]:
+        assert f"results/{page}.md" in nav, f"mkdocs.yml's nav does not list results/{page}.md"
+
+
+def test_committed_results_pages_are_the_ones_the_result_files_render() -> None:
+    stale = differences(REPO / "docs" / "results", render_pages(RESULTS))
+    assert not stale, f"docs/results/ is out of date ({', '.join(stale)}): run bench/results_readme.py"
 
 
 def _keys(value: Any) -> set[str]:
@@ -127,7 +137,8 @@ def test_verdicts_render_with_sample_size_interval_and_a_missed_target(tmp_path:
         rate("precision_stsb_test", 1, 1, ">=", 0.97, n_of="served pairs"),
     ]}  # fmt: skip
     (results / "other.json").write_text(json.dumps(data))
-    block = render(results)
+    block = render_pages(results)["gateway.md"]
+    assert isinstance(block, str)
     assert "Against the targets: 1 met, 1 not met." in block
     assert "| throughput_ratio_at_64 | 0.425 | 3000 (requests) | – | >= 0.6 | no |" in block
     assert "| precision_stsb_test | 1 | 1 (served pairs) | 0.2065 to 1 | >= 0.97 | yes (the interval spans the target) |" in block

@@ -73,7 +73,7 @@ def test_strong_share_errors_and_their_verdicts_are_the_ones_the_results_report(
     shipped_router: Router, held_out, data_dir
 ) -> None:
     # Every case, MMLU included, recomputed here and compared with bench/results/router.json,
-    # whose verdicts (within +-0.05 or not) the README shows: a missed target reads as missed.
+    # whose verdicts (within +-0.05 or not) the results pages show: a missed target reads as missed.
     report = json.loads(RESULTS.read_text(encoding="utf-8"))
     verdicts = {v["figure"].split(" ")[0]: v for v in report["verdicts"]}
     sources = {"mmlu": held_out, "alpaca": held_out_alpaca(shipped_router, data_dir, default_cache_dir())}
