@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.context import Answer, RequestContext
-from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.errors import InvalidRequest, ModelNotFound, UpstreamUnavailable
 from gateway.lanes import AUTO, ROUTE_HEADER, ROUTE_VALUES, RouteRequest
 from gateway.pipeline.base import ALL_OPERATIONS
 from gateway.upstream.pool import UpstreamPool
@@ -32,8 +32,12 @@ class ModelCatalog:
         edge_name: str | None,
         edge_aliases: Iterable[str] = (),
         model_aliases: Mapping[str, str] | None = None,
+        edge_calibrated: Callable[[], bool] = lambda: True,
     ) -> None:
         self.pool = pool
+        # whether the edge model has a calibration of its own (gateway/edge_calibration.py): without
+        # one it takes no `auto` requests, here where no router decides, as in the route stage
+        self.edge_calibrated = edge_calibrated
         self.edge_name = edge_name  # None when the edge lane is off
         self.edge_names = frozenset([edge_name, *edge_aliases]) if edge_name is not None else frozenset()
         aliases = dict(model_aliases or {})
@@ -47,7 +51,9 @@ class ModelCatalog:
         if services.engine is None:
             return cls(services.pool, None, model_aliases=aliases)
         edge = services.settings.edge
-        return cls(services.pool, edge.model_name, edge.aliases, aliases)
+        cascade = services.cascade
+        return cls(services.pool, edge.model_name, edge.aliases, aliases,
+                   edge_calibrated=lambda: cascade is None or cascade.calibrated)
 
     def alias(self, model: str) -> str | None:
         """What the settings' model_aliases map `model` to, or None.
@@ -140,6 +146,11 @@ class ResolveStage:
             if pool is not None:
                 ctx.lane, ctx.pool, ctx.target_model = "upstream", pool, catalog.pool_model(pool)
             elif catalog.edge_name is not None:
+                if not catalog.edge_calibrated():
+                    raise UpstreamUnavailable(
+                        "model 'auto' has no upstream, and the edge model has no calibration of its own, so it takes "
+                        f"no 'auto' requests; name the edge model ({catalog.edge_name!r}) to use it, or calibrate it "
+                        "(`tierlane edge calibrate`, or edge.calibrate_on_start)", param="model")
                 ctx.lane, ctx.pool, ctx.target_model = "edge", None, catalog.edge_name
             else:
                 raise ModelNotFound(

@@ -13,7 +13,10 @@ import pytest
 from gateway.cascade import Cascade
 from gateway.context import Principal, RequestContext
 from gateway.errors import UpstreamUnavailable
+from gateway.pipeline.resolve import ModelCatalog, ResolveStage
 from gateway.pipeline.route import RouteStage
+from gateway.settings import Settings
+from gateway.upstream.pool import UpstreamPool
 from policies.edge_quality.model import EdgeCalibration
 from policies.policy import Policy
 from policies.router import RoutePolicy, Router
@@ -90,3 +93,22 @@ async def test_a_calibration_taken_up_while_running_opens_the_edge_to_auto(shipp
     after = ctx()
     await routed.run(after)
     assert (after.lane, after.route.reason) == ("edge", "calibration_edge")
+
+
+async def test_without_a_router_or_an_upstream_auto_is_refused_while_the_edge_is_uncalibrated() -> None:
+    # no route stage runs without the router: the resolve stage is where `auto` would reach the edge
+    judge = uncalibrated()
+    catalog = ModelCatalog(UpstreamPool(Settings.load(env={}, overrides={"upstreams": []})), "edge", ["local"],
+                           edge_calibrated=lambda: judge.calibrated)
+    resolve = ResolveStage(catalog)
+    c = ctx()
+    with pytest.raises(UpstreamUnavailable, match="no calibration of its own") as refused:
+        await resolve.run(c)
+    assert refused.value.status == 503 and refused.value.param == "model"
+    named = ctx("edge")
+    await resolve.run(named)  # naming it still reaches it
+    assert named.lane == "edge"
+    judge.take_calibration(EdgeCalibration.load())
+    calibrated = ctx()
+    await resolve.run(calibrated)
+    assert (calibrated.lane, calibrated.target_model) == ("edge", "edge")
