@@ -93,11 +93,11 @@ cache-verifier: $(STAMP)
 	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.verifier_train --precision int8 --out policies/cache/artifacts/verifier-int8.npz
 	HF_HUB_OFFLINE=1 nice -n 10 $(BIN)/python -m policies.cache.blend_refit --precision int8
 
-# The static embedding (policies/static_embedding): model2vec distils it from the bundled MiniLM,
+# The static embedding (policies/embedding/static): model2vec distils it from the bundled MiniLM,
 # offline, in about a minute; the `distill` extra brings model2vec (serving needs none of it).
 static-embedding: $(STAMP)
 	$(BIN)/pip install -e ".[distill]"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.static_embedding.distill
+	HF_HUB_OFFLINE=1 $(BIN)/python -m policies.embedding.static.distill
 
 bench: $(STAMP)
 	for script in bench/*.py; do case $$script in bench/_*|bench/demo.py|bench/image.py|bench/make_workload.py|bench/results_readme.py|bench/fast_upstream.py) continue;; esac; HF_HUB_OFFLINE=1 $(BIN)/python $$script || exit $$?; done

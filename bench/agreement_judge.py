@@ -1,4 +1,4 @@
-"""The answer-agreement judge (policies/agreement.py) against ground truth, beside answer similarity.
+"""The answer-agreement judge (policies/router/agreement.py) against ground truth, beside answer similarity.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/agreement_judge.py [--math 600] [--arc 300]
 
@@ -28,7 +28,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import REPO, write
 from bench._verdicts import verdicts
-from policies.agreement import final_answer, judge
+from policies.router.agreement import final_answer, judge
 
 DATA = REPO.parent / "shared" / "data"
 AGREE = 0.8  # gateway.pipeline.shadow.AGREE
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if not DATA.is_dir():
         print(f"skipped: {DATA} is not here (the evaluation data stays outside the project)")
         return 0
-    from policies.embedder import load_encoder
+    from policies.embedding.embedder import load_encoder
 
     rng = random.Random(args.seed)
     pairs = math_pairs(args.math, rng) + arc_pairs(args.arc, rng)

@@ -38,7 +38,7 @@ from policies.cache.cross_encoder import BUNDLED_CROSS_ENCODER, load_cross_encod
 from policies.cache.matcher import decide_many  # noqa: E402
 from policies.cache.scope import build_key, normalise  # noqa: E402
 from policies.cache.service import SemanticCache  # noqa: E402
-from policies.embedder import Embedder  # noqa: E402
+from policies.embedding.embedder import Embedder  # noqa: E402
 from policies.policy import Policy  # noqa: E402
 
 TOPICS = ["python", "tax law", "gardening", "jazz", "rust", "cooking", "astronomy", "chess", "sql", "cycling"]

@@ -2,7 +2,7 @@
 
 -> bench/results/embedding_precision.json. The router, the edge prior and the cache's
 calibration were fitted on float32 all-MiniLM-L6-v2 vectors; here each reads int8 vectors
-(policies/onnx_encoder.py `quantize`) instead, artifacts unchanged, on data none of them was
+(policies/embedding/onnx_encoder.py `quantize`) instead, artifacts unchanged, on data none of them was
 tuned on, each figure beside its float32 value on the same rows:
 
 - cost: ms per text at batch 1 (median, the two graphs alternating) and CPU ms per text in
@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._harness import machine  # noqa: E402
 from bench._verdicts import verdicts  # noqa: E402
-from policies.embedder import PRECISIONS, load_encoder  # noqa: E402
+from policies.embedding.embedder import PRECISIONS, load_encoder  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 TOLERANCE = 0.01
@@ -161,7 +161,7 @@ def _pair_figures(embeddings: Path, min_probability: float) -> dict[str, Any]:
     from policies.cache.verifier import PairText
     from policies.cache.verifier_data import EmbeddingCache, load_all
     from policies.cache.verify import VerifyConfig, mismatch
-    from policies.embedder import vector_space
+    from policies.embedding.embedder import vector_space
     from policies.policy import Policy
 
     cfg = VerifyConfig.from_policy({})
@@ -187,7 +187,7 @@ def part_cache(embeddings: Path, max_error_rate: float) -> dict[str, Any]:
     from bench.cache_error_bound import replay, workload
     from policies.cache.config import CacheConfig
     from policies.cache.verifier_data import EmbeddingCache, load_gptcache, load_qqp
-    from policies.embedder import vector_space
+    from policies.embedding.embedder import vector_space
     from policies.policy import Policy
 
     fp32 = EmbeddingCache(embeddings)

@@ -175,9 +175,9 @@ async def outage_idle(work: Path, idle_s: float = 150.0) -> dict[str, Any]:
     from policies.budgets import Budgets
     from policies.errors import LimitExceeded, StoreUnavailable
     from policies.policy import Policy
-    from policies.redis_budgets import RedisBudgets
-    from policies.redis_mux import MuxClient
-    from policies.shared_budgets import SharedBudgets
+    from policies.shared_state.redis_budgets import RedisBudgets
+    from policies.shared_state.redis_mux import MuxClient
+    from policies.shared_state.shared_budgets import SharedBudgets
     from tests.support.valkey import ValkeyServer
 
     limit, asked = 20, 100
@@ -225,9 +225,9 @@ async def outage(work: Path) -> dict[str, Any]:
     from policies.budgets import Budgets
     from policies.errors import LimitExceeded, StoreUnavailable
     from policies.policy import Policy
-    from policies.redis_budgets import RedisBudgets
-    from policies.redis_mux import MuxClient
-    from policies.shared_budgets import SharedBudgets
+    from policies.shared_state.redis_budgets import RedisBudgets
+    from policies.shared_state.redis_mux import MuxClient
+    from policies.shared_state.shared_budgets import SharedBudgets
     from tests.support.valkey import ValkeyServer
 
     limit, before, pause_s = 20, 16, 3.0
@@ -428,8 +428,8 @@ async def route_bound_stall(work: Path, n_states: int = 4096, window: int = 1000
     import json
     import random
 
-    from policies.route_bound import QualityBound, RouteBounds, Scope
-    from policies.route_bound_log import LocalBoundLog, SharedBoundLog
+    from policies.router.route_bound import QualityBound, RouteBounds, Scope
+    from policies.router.route_bound_log import LocalBoundLog, SharedBoundLog
 
     params = QualityBound(max_quality_loss=0.05, start=0.6, sample_rate=1.0)
     probe = (Scope("tenant-0", "app"), 0, params)

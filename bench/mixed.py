@@ -54,9 +54,9 @@ from bench._harness import free_port, gateway_cmd, start, stop, write
 from bench._verdicts import verdicts
 from bench.agreement_judge import phrase, show, wrong
 from bench.replay_upstream import mmlu_answer, mmlu_key
-from policies.agreement import final_answer, judge
 from policies.policy import Policy
 from policies.router import Router
+from policies.router.agreement import final_answer, judge
 from policies.router.data import load_math, load_mmlu, shared_data_dir
 from policies.router.train import MATH_SAMPLE, MATH_SEED
 

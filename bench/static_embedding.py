@@ -1,4 +1,4 @@
-"""Can the static embedding (policies/static_embedding) stand in for all-MiniLM-L6-v2, reader by reader?
+"""Can the static embedding (policies/embedding/static) stand in for all-MiniLM-L6-v2, reader by reader?
 
 -> bench/results/static_embedding.json, each figure side by side with the transformer's:
 
@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._harness import machine  # noqa: E402
 from bench._verdicts import verdicts  # noqa: E402
-from policies.static_embedding import ARTIFACT_DIR, StaticEmbedding  # noqa: E402
+from policies.embedding.static import ARTIFACT_DIR, StaticEmbedding  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 SOURCES = ("qqp", "stsb", "gptcache")
@@ -73,7 +73,7 @@ def _per_text(encode: Any, texts: list[str], label: str) -> dict[str, float]:
 
 
 def part_cost(static: StaticEmbedding, texts: list[str]) -> dict[str, Any]:
-    from policies.embedder import load_encoder
+    from policies.embedding.embedder import load_encoder
 
     onnx = load_encoder("onnx", threads=1)
     return {
@@ -317,7 +317,7 @@ def main() -> int:
     static = StaticEmbedding.load(args.artifact)
     result: dict[str, Any] = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
     result.update({
-        "what": "the static embedding (policies/static_embedding) against all-MiniLM-L6-v2, reader by reader, on held-out data",
+        "what": "the static embedding (policies/embedding/static) against all-MiniLM-L6-v2, reader by reader, on held-out data",
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "artifact": {"dimension": static.dimension, "vocabulary": static.vocabulary,

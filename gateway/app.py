@@ -21,7 +21,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
 from policies.policy import Policy
-from policies.tier_prices import unpriced_tier_warnings
+from policies.router.tier_prices import unpriced_tier_warnings
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ async def _engine(settings: Settings, policy: Policy) -> Any:
 
 
 async def _embedder(settings: Settings, policy: Policy) -> Any:
-    from policies.embedder import Embedder
+    from policies.embedding.embedder import Embedder
 
     await _warm_normalisation()  # embedding texts are normalised with it (the router's too)
     cfg = settings.embedder
@@ -80,7 +80,7 @@ async def _cache(settings: Settings, policy: Policy) -> Any:
     state = settings.state
     # NOTE: the precision configured, not the one serving: a fallback to torch (float32, logged)
     # leaves the vectors a cosine of ~0.99 apart, inside what the verifier decides on anyway.
-    from policies.embedder import vector_space
+    from policies.embedding.embedder import vector_space
 
     space = vector_space(settings.embedder.precision)
     if state.backend == "redis":

@@ -2,9 +2,9 @@
 
 Built (gateway/components.py) when some tenant/app sets `lanes.upstream.tiers.max_quality_loss`.
 The route stage asks it for a region's threshold; the shadow stage records judgements through
-its log (policies/route_bound_log.py: a file with `state.backend: embedded`, the shared stream
+its log (policies/router/route_bound_log.py: a file with `state.backend: embedded`, the shared stream
 with `redis`); the meter counts each tiered request and what it saved; the dashboard reads
-`stats()`. The algorithm is policies/route_bound.py.
+`stats()`. The algorithm is policies/router/route_bound.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from policies.route_bound import QualityBound, RegionStats, RouteBounds, Scope
-from policies.route_bound_log import BoundLog, LocalBoundLog, SharedBoundLog
 from policies.router.policy import lanes_sections
 from policies.router.regions import Regions
+from policies.router.route_bound import QualityBound, RegionStats, RouteBounds, Scope
+from policies.router.route_bound_log import BoundLog, LocalBoundLog, SharedBoundLog
 
 if TYPE_CHECKING:
     from gateway.settings import Settings

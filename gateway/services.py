@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
     from gateway.upstream.pool import UpstreamPool
     from policies.cache.backend import CacheBackend
-    from policies.embedder import Embedder
+    from policies.embedding.embedder import Embedder
     from policies.policy import Policy
     from policies.router.model import Router
     from telemetry.core import Telemetry

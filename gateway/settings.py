@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_engine.settings import EdgeSettings
-from policies.embedder import SERVING_PRECISION
+from policies.embedding.embedder import SERVING_PRECISION
 from policies.policy import _deep_merge
 
 

@@ -21,7 +21,7 @@ from policies.domain import EdgeCheck, Outcome, Usage
 from policies.errors import LimitExceeded
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
-from policies.shared_budgets import SharedBudgets
+from policies.shared_state.shared_budgets import SharedBudgets
 from telemetry import attributes as a
 from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
@@ -232,7 +232,7 @@ class Telemetry:
     def charge_chunk(self, ctx: MeteredRequest, chunk: Mapping[str, Any]) -> None:
         """Charge the tokens of one streamed chunk; raises LimitExceeded/BudgetExceeded to end the stream.
 
-        Never awaits: with a shared store the charges go out in batches (see policies/shared_budgets.py),
+        Never awaits: with a shared store the charges go out in batches (see policies/shared_state/shared_budgets.py),
         and a breach a batch found ends the stream at a later chunk.
         """
         if not self.budgets.enabled:
@@ -619,7 +619,7 @@ def shared_budgets(settings: Any) -> Callable[[Budgets], SharedBudgets] | None:
         return None
 
     def build(budgets: Budgets) -> SharedBudgets:
-        from policies.redis_budgets import RedisBudgets  # redis is imported only when configured
+        from policies.shared_state.redis_budgets import RedisBudgets  # redis is imported only when configured
 
         store = RedisBudgets.connect(
             budgets,

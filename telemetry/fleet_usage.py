@@ -13,7 +13,7 @@ any replica answers for the whole fleet:
 - `<prefix>usage:tenants`: the set of tenants with any usage.
 
 Writes go off the response path: one background writer sends a batch (one script per tenant,
-over the multiplexed connection of policies/redis_mux.py) `_LINGER_S` after its first row;
+over the multiplexed connection of policies/shared_state/redis_mux.py) `_LINGER_S` after its first row;
 requests metered meanwhile, or while a batch is in flight, are added up locally and go out
 together.
 
@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 from redis.exceptions import ResponseError
 
-from policies.redis_mux import MuxClient
+from policies.shared_state.redis_mux import MuxClient
 from policies.task_stop import cancel_and_wait
 from telemetry.ledger import LedgerRow
 from telemetry.usage import JUDGE, MEASURES, UsageQuery

@@ -44,7 +44,7 @@ def load_local_tokenizer(path: Path | None = None) -> TokenCount:
         from tokenizers import Tokenizer
 
         if path is None:
-            from policies.embedder import bundled_model_path
+            from policies.embedding.embedder import bundled_model_path
 
             path = bundled_model_path() / "tokenizer.json"
         tokenizer = Tokenizer.from_file(str(path))

@@ -25,7 +25,7 @@ SHARED_DATA = Path(os.environ.get("TIERLANE_SHARED_DATA", REPO.parent / "shared"
 @pytest.fixture(scope="session")
 def sentence_model() -> Any:
     """all-MiniLM-L6-v2 from the installed package, loaded once for the whole session."""
-    from policies.embedder import load_sentence_model
+    from policies.embedding.embedder import load_sentence_model
 
     return load_sentence_model()
 
@@ -33,7 +33,7 @@ def sentence_model() -> Any:
 @pytest.fixture(scope="session")
 def sentence_encoder() -> Any:
     """The gateway's default embedding backend (ONNX, exported once into the user cache)."""
-    from policies.embedder import load_encoder
+    from policies.embedding.embedder import load_encoder
 
     encoder = load_encoder("onnx")
     assert encoder.backend == "onnx", "the ONNX embedding backend did not load; see the log"
@@ -43,7 +43,7 @@ def sentence_encoder() -> Any:
 @pytest.fixture
 async def embedder(sentence_encoder: Any) -> AsyncIterator[Any]:
     """A started micro-batching Embedder over the session's default backend."""
-    from policies.embedder import Embedder
+    from policies.embedding.embedder import Embedder
 
     emb = Embedder(model=sentence_encoder)
     await emb.start()

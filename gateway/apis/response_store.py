@@ -528,7 +528,7 @@ async def open_store(settings: Settings) -> ResponseStore:
     ttl = settings.responses.ttl_s
     state = settings.state
     if state.backend == "redis":
-        from policies.redis_client import redis_client  # redis is imported only when configured
+        from policies.shared_state.redis_client import redis_client  # redis is imported only when configured
 
         # a stored response can be large: reads get more time than a budget check
         timeout = max(state.op_timeout_ms / 1000.0, 1.0)

@@ -84,7 +84,7 @@ def _with_cache(args: argparse.Namespace, action: str) -> dict[str, Any]:
     try:
         return asyncio.run(run())
     except StoreUnavailable as exc:
-        from policies.redis_client import store_address
+        from policies.shared_state.redis_client import store_address
 
         outcome = "nothing was purged, or the purge was not confirmed: run it again" if action == "purge" else "no stats"
         raise StoreUnavailable(f"tierlane cache {action}: the shared cache store {store_address(settings.state.url)} "
@@ -124,7 +124,7 @@ def match_lines(lines: TextIO, out: TextIO, config: CacheConfig, batch: int = 64
     default backend, then `decide` with their cosine (gate, rule vetoes, cross-encoder), as a lookup decides.
     """
     from policies.cache.scope import normalise
-    from policies.embedder import SERVING_PRECISION, load_encoder, vector_space
+    from policies.embedding.embedder import SERVING_PRECISION, load_encoder, vector_space
 
     # the backend and precision the gateway runs by default, read with the verifier fitted for them
     encoder = load_encoder(precision=SERVING_PRECISION)

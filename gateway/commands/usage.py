@@ -42,7 +42,7 @@ def _fleet(settings: Settings, query: UsageQuery) -> tuple[list[dict[str, Any]] 
     try:
         return asyncio.run(_fleet_rows(fleet, query)), None
     except Exception as exc:  # noqa: BLE001 - store down or slow: this replica's ledger answers, as GET /v1/usage does
-        from policies.redis_client import store_address
+        from policies.shared_state.redis_client import store_address
 
         print(f"tierlane usage: warning: the shared state store ({store_address(settings.state.url)}) did not answer "
               f"({exc!r}); reading this replica's ledger instead", file=sys.stderr)  # fmt: skip

@@ -33,7 +33,6 @@ from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from gateway.route_quality import QualityProbe
 from policies.cache.scope import embedding_text
-from policies.route_bound import Scope
 from policies.router.agent_lanes import (
     FirstScores,
     background_reason,
@@ -47,6 +46,7 @@ from policies.router.agent_lanes import (
 from policies.router.features import Prompt, last_user_text
 from policies.router.model import Router
 from policies.router.policy import TIERS, LaneTarget, RoutePolicy, RouteRules
+from policies.router.route_bound import Scope
 
 if TYPE_CHECKING:
     from gateway.route_quality import RouteQuality
@@ -377,7 +377,7 @@ class RouteStage:
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
 
     def _encode(self, text: str) -> np.ndarray:
-        from policies.embedder import load_encoder
+        from policies.embedding.embedder import load_encoder
 
         if self._fallback_encoder is None:
             self._fallback_encoder = load_encoder(precision=self.fallback_precision)

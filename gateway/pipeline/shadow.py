@@ -11,7 +11,7 @@ an exact repeat) is sampled at `cache.error_sample_rate` instead (whatever `shad
 and `shadow.lanes` say; `shadow.enabled: false` turns it off too), and its judgement goes to the
 cache's error bound (policies/cache/error_bound.py): the served answer was right when it agrees
 with the upstream's: equal final results where both have one (a number, a choice letter, a JSON
-document: policies/agreement.py; "42" and "43" are 0.84 similar), else answer similarity >= AGREE
+document: policies/router/agreement.py; "42" and "43" are 0.84 similar), else answer similarity >= AGREE
 (the check the table's share counts). The
 request's own checks (rule vetoes, verifier) compare requests, not answers, so they have no say
 here. Each such re-ask is an upstream call, metered by the upstream as any other.
@@ -55,10 +55,10 @@ from gateway.context import Outcome, RequestContext
 from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
 from gateway.route_quality import QualityProbe
-from policies.agreement import judge, judge_calls
 from policies.cache.error_bound import BoundParams
 from policies.domain import Usage
 from policies.pricing import Pricing
+from policies.router.agreement import judge, judge_calls
 from telemetry.tokens import estimate_request_tokens
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ def shadow_body(ctx: RequestContext, config: ShadowConfig, model: str | None) ->
 
 def disagree(ours: str, theirs: str, similarity: float) -> bool:
     """Whether two answers disagree: by their final results where both have one (numbers, choice
-    letters, JSON: policies/agreement.py), else by answer similarity below AGREE."""
+    letters, JSON: policies/router/agreement.py), else by answer similarity below AGREE."""
     verdict = judge(ours, theirs)
     return similarity < AGREE if verdict is None else verdict == "disagree"
 
@@ -657,7 +657,7 @@ class ShadowHook:
                 if reply.status != 200:
                     raise RuntimeError(f"the {other} tier answered {reply.status}")
                 theirs = answer_text(reply.body)
-                # tool calls first: same tools, arguments equal as values (policies/agreement.py)
+                # tool calls first: same tools, arguments equal as values (policies/router/agreement.py)
                 verdict = judge_calls(calls or [], answer_calls(reply.body))
                 by_calls = verdict is not None
                 if not by_calls:

@@ -33,7 +33,7 @@ from policies.cache.cross_encoder_train import (
 )
 from policies.cache.verifier_data import EmbeddingCache, load_all
 from policies.cache.verify import VerifyConfig
-from policies.embedder import vector_space
+from policies.embedding.embedder import vector_space
 
 SOURCES = ("qqp", "stsb", "gptcache")
 

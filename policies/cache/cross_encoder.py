@@ -70,8 +70,8 @@ class CrossEncoder:
     """Probabilities that two request texts ask the same thing, from an exported cross-encoder."""
 
     def __init__(self, onnx_path: Path, model_dir: Path | None = None, threads: int | None = 1) -> None:
-        from policies.onnx_encoder import cpu_session
-        from policies.sentence_model import bundled_model_path
+        from policies.embedding.onnx_encoder import cpu_session
+        from policies.embedding.sentence_model import bundled_model_path
 
         self.path = Path(onnx_path)
         meta_file = meta_path(self.path)

@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
-    from policies.sentence_model import bundled_model_path
+    from policies.embedding.sentence_model import bundled_model_path
 
     started = time.time()
     random.seed(SEED)

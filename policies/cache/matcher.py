@@ -67,7 +67,7 @@ def decide_many(
 ) -> list[Decision]:
     """One decision per (similarity, candidate text, candidate vector), in order.
 
-    `space` names the embedding the similarities and vectors come from (policies.embedder.vector_space):
+    `space` names the embedding the similarities and vectors come from (policies.embedding.embedder.vector_space):
     the cross-encoder's blend fitted for it reads them.
 
     A candidate below `threshold` (the cosine gate) or failing a rule veto is a miss without the

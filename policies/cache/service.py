@@ -23,7 +23,7 @@ from policies.cache.matcher import Decision, decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.store import Entry, EntryReader, EntryStore
 from policies.cache.verify import VerifyConfig
-from policies.embedder import DIMENSION
+from policies.embedding.embedder import DIMENSION
 from policies.policy import Policy
 
 logger = logging.getLogger(__name__)

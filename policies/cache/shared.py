@@ -60,10 +60,10 @@ from policies.cache.index import Neighbour
 from policies.cache.matcher import decide_many, load
 from policies.cache.scope import CacheKey
 from policies.cache.service import CacheHit, bound_allows, bound_gate, bound_score
-from policies.embedder import DIMENSION, vector_space
+from policies.embedding.embedder import DIMENSION, vector_space
 from policies.policy import Policy
-from policies.redis_client import redis_client
-from policies.redis_mux import MuxClient
+from policies.shared_state.redis_client import redis_client
+from policies.shared_state.redis_mux import MuxClient
 from policies.task_stop import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class SharedCache:
         """Clients that connect lazily and reconnect on their own after the server comes back.
 
         The request path (lookups, stores, purges) shares one multiplexed connection
-        (policies/redis_mux.py); the follower has its own, since XREAD blocks it.
+        (policies/shared_state/redis_mux.py); the follower has its own, since XREAD blocks it.
         """
         client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
         # the follower blocks on the stream for _BLOCK_MS at a time

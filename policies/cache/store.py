@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from policies.embedder import vector_space
+from policies.embedding.embedder import vector_space
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (

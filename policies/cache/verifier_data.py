@@ -215,7 +215,7 @@ class EmbeddingCache:
     def __init__(self, path: Path, batch: int = 128, precision: str = "fp32") -> None:
         self.path = path
         self.batch = batch
-        self.precision = precision  # the embedder's (policies/embedder.py); keep each precision in its own file
+        self.precision = precision  # the embedder's (policies/embedding/embedder.py); keep each precision in its own file
         self.vectors: dict[str, np.ndarray] = {}
         if path.exists():
             with np.load(path, allow_pickle=False) as data:
@@ -240,7 +240,7 @@ class EmbeddingCache:
     def _encode(self, texts: list[str]) -> None:
         from tqdm import tqdm
 
-        from policies.embedder import load_encoder
+        from policies.embedding.embedder import load_encoder
 
         encoder = load_encoder(threads=1, precision=self.precision)
         order = sorted(texts, key=len)  # similar lengths batch with less padding

@@ -38,7 +38,7 @@ import numpy as np
 from policies.cache.verifier import BUNDLED, FORMAT, LEXICAL_NAMES, PairText, VerifierModel, pair_vector
 from policies.cache.verifier_data import SPLITS, STSB_POSITIVE_MIN, EmbeddingCache, Pair, load_all
 from policies.cache.verify import VerifyConfig, mismatch
-from policies.embedder import PRECISIONS, vector_space
+from policies.embedding.embedder import PRECISIONS, vector_space
 
 DEFAULT_EMBEDDINGS = Path("/tmp/tierlane_verifier/emb.npz")
 SOURCES = ("qqp", "stsb", "gptcache")

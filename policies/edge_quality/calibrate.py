@@ -112,12 +112,12 @@ def embedding_texts(probes: Sequence[Probe]) -> list[str]:
 
 
 def embed(texts: Sequence[str], cache_dir: Path | None) -> np.ndarray:
-    """all-MiniLM-L6-v2 vectors as the gateway computes them (policies.embedder.load_encoder), cached."""
+    """all-MiniLM-L6-v2 vectors as the gateway computes them (policies.embedding.embedder.load_encoder), cached."""
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
     path = cache_dir / f"embeddings-{digest}.npy" if cache_dir is not None else None
     if path is not None and path.is_file():
         return np.asarray(np.load(path), dtype=np.float32)
-    from policies.embedder import load_encoder
+    from policies.embedding.embedder import load_encoder
 
     encoder = load_encoder()
     rows = [encoder.encode(list(texts[i : i + 64])) for i in range(0, len(texts), 64)]

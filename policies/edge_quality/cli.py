@@ -136,7 +136,7 @@ async def _ask(calibration: Any, model: Path, question: str, max_tokens: int | N
     from edge_engine import EdgeEngine
     from policies.cache.scope import embedding_text
     from policies.edge_quality.runner import MAX_TOKENS, engine_settings, sampling
-    from policies.embedder import SERVING_PRECISION, load_encoder
+    from policies.embedding.embedder import SERVING_PRECISION, load_encoder
 
     messages = [{"role": "user", "content": question}]
     text = embedding_text({"messages": messages}) or ""

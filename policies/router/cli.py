@@ -152,7 +152,7 @@ def score_stream(lines: Iterable[str], out: TextIO, router: Any, embed: Any, bat
 
 
 def _score(args: argparse.Namespace) -> int:
-    from policies.embedder import load_encoder
+    from policies.embedding.embedder import load_encoder
     from policies.router.model import Router
 
     try:

@@ -208,13 +208,13 @@ def runtime_text(prompt: str) -> str:
 
 
 class RuntimeEncoder:
-    """The gateway's embedding backend (policies.embedder.load_encoder: the exported ONNX graph,
+    """The gateway's embedding backend (policies.embedding.embedder.load_encoder: the exported ONNX graph,
     torch when it cannot run), loaded on first use, with onnxruntime's default intra-op threads.
 
     NOTE: the same graph the gateway serves, so training and evaluation read the served vectors;
     on 2 cores it embeds the held-out MMLU rows ~2x faster than sentence-transformers on one torch
     thread (torch's spinning worker threads made more than one ~30x slower on a shared machine;
-    onnxruntime's sleep between ops, policies.onnx_encoder.cpu_session).
+    onnxruntime's sleep between ops, policies.embedding.onnx_encoder.cpu_session).
     """
 
     def __init__(self) -> None:
@@ -222,8 +222,8 @@ class RuntimeEncoder:
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         if self._encoder is None:
-            from policies.embedder import bundled_model_path, load_encoder
-            from policies.onnx_encoder import max_seq_length
+            from policies.embedding.embedder import bundled_model_path, load_encoder
+            from policies.embedding.onnx_encoder import max_seq_length
 
             reads = max_seq_length(bundled_model_path())
             if reads != RUNTIME_MAX_SEQ_LENGTH:
@@ -315,7 +315,7 @@ def mmlu_embeddings(
 ) -> np.ndarray:
     """Embeddings of the rows of `subjects` (default: all), computed exactly as the gateway does.
 
-    Text: policies.cache.scope.embedding_text of a one-turn chat request; model: policies.embedder
+    Text: policies.cache.scope.embedding_text of a one-turn chat request; model: policies.embedding.embedder
     at its own settings (256 word pieces). Cached per subject, so an evaluation embeds only its own.
     """
     texts = [runtime_text(p) for p in mmlu.prompts]

@@ -8,16 +8,16 @@ from typing import Any
 
 from policies.domain import RouteDecision
 from policies.policy import Policy
-from policies.route_bound import QualityBound
 from policies.router.agent_lanes import AgentRules, parse_agents
 from policies.router.calibration import TARGET_MODES
 from policies.router.model import Router
+from policies.router.route_bound import QualityBound
 
 LANES = ("edge", "upstream")
 # Upstream tiers for `auto`: the router sends what it scores as needing the strong model to
 # `strong`, the rest to `cost`. Fixed names: they are metric labels and a ledger column.
 TIERS = ("cost", "strong")
-# `lanes.upstream.tiers` keys of the routing quality bound (policies/route_bound.py) beside the tiers
+# `lanes.upstream.tiers` keys of the routing quality bound (policies/router/route_bound.py) beside the tiers
 QUALITY_KEYS = {"max_quality_loss": "max_quality_loss", "quality_sample_rate": "sample_rate",
                 "quality_confidence": "confidence", "quality_loosen_after": "loosen_after"}
 

@@ -1,4 +1,4 @@
-"""Regions of prompt space: where the routing quality bound (policies/route_bound.py) learns.
+"""Regions of prompt space: where the routing quality bound (policies/router/route_bound.py) learns.
 
 A region is a cluster of the router's embedding (the gateway's MiniLM vector of the last user
 turn): k-means centroids fitted once, on CPU with a fixed seed, over prompts of the router's

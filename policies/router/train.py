@@ -22,7 +22,7 @@ from sklearn.model_selection import GroupKFold
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from policies.embedder import DIMENSION
+from policies.embedding.embedder import DIMENSION
 from policies.router.artifact import save_artifact
 from policies.router.calibration import GapCurve, RankMap, gap_curve, rank_map, threshold_for_target
 from policies.router.candidates import Candidate, Fitted, TrainSet, decision, default_candidates, fit_candidate

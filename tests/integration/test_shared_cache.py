@@ -25,7 +25,7 @@ from gateway.auth import hash_key
 from gateway.keys import SERVICES
 from policies.cache.scope import CacheKey
 from policies.cache.shared import SharedCache, open_shared_cache
-from policies.embedder import DIMENSION
+from policies.embedding.embedder import DIMENSION
 from policies.policy import Policy
 from tests.support.background import BackgroundLoop, RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg

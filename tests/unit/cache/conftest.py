@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policies.cache.service import SemanticCache
-from policies.embedder import Embedder
+from policies.embedding.embedder import Embedder
 from policies.policy import Policy
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -10,7 +10,7 @@ from gateway.context import Answer, Outcome, Principal, RequestContext
 from gateway.pipeline.cache_lookup import CacheLookupStage
 from gateway.pipeline.cache_store import CacheStoreHook
 from policies.cache.service import SemanticCache
-from policies.embedder import Embedder
+from policies.embedding.embedder import Embedder
 
 _ids = itertools.count()
 

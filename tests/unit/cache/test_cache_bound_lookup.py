@@ -10,7 +10,7 @@ import pytest
 from helpers import Flow, chat
 
 from policies.cache.service import SemanticCache
-from policies.embedder import Embedder
+from policies.embedding.embedder import Embedder
 
 pytestmark = pytest.mark.slow
 

@@ -90,7 +90,7 @@ def test_the_blend_reads_the_cross_encoder_and_the_embedding_feature_verifier() 
 
 @pytest.mark.slow
 def test_each_vector_space_reads_its_own_blend_and_verifier(sentence_encoder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from policies.embedder import vector_space
+    from policies.embedding.embedder import vector_space
 
     encoder = CrossEncoder(BUNDLED_CROSS_ENCODER)
     int8, fp32 = vector_space("int8"), vector_space("fp32")
@@ -257,7 +257,7 @@ def test_cache_match_reports_the_gateway_decision(sentence_encoder: Any) -> None
     config = CacheConfig.from_section({})
     # the gateway's default precision, read with the verifier and blend fitted for it
     from policies.cache.scope import normalise
-    from policies.embedder import SERVING_PRECISION, load_encoder, vector_space
+    from policies.embedding.embedder import SERVING_PRECISION, load_encoder, vector_space
 
     x, y = load_encoder(precision=SERVING_PRECISION).encode([normalise("How do I convert Celsius to Fahrenheit?"),
                                                              normalise("How do I convert Celsius to Fahrenheit")])  # fmt: skip

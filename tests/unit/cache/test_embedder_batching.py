@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from policies.embedder import DIMENSION, Embedder, encode
+from policies.embedding.embedder import DIMENSION, Embedder, encode
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from policies.onnx_encoder import quantize_graph
+from policies.embedding.onnx_encoder import quantize_graph
 
 
 def _graph(path: Path, w: np.ndarray) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.embedder import DIMENSION, Embedder, bundled_model_path, encode, load_encoder
-from policies.onnx_encoder import onnx_path_for
+from policies.embedding.embedder import DIMENSION, Embedder, bundled_model_path, encode, load_encoder
+from policies.embedding.onnx_encoder import onnx_path_for
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,7 @@ async def test_embedder_serves_the_configured_precision(sentence_encoder, tmp_pa
 
 def test_a_model_dir_without_its_weights_serves_the_graphs_made_from_them(sentence_encoder, tmp_path: Path) -> None:
     """The image's layout: graphs made at build time, the weights (and torch) left out of the runtime."""
-    from policies.onnx_encoder import WEIGHTS_DIGEST_FILE, export, strip_weights
+    from policies.embedding.onnx_encoder import WEIGHTS_DIGEST_FILE, export, strip_weights
 
     model = tmp_path / "model"
     shutil.copytree(bundled_model_path(), model)

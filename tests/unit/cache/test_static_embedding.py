@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.static_embedding import ARTIFACT_DIR, StaticEmbedding, StaticEmbeddingError, manifest_of
-from policies.static_embedding.distill import quantise, write_npz
+from policies.embedding.static import ARTIFACT_DIR, StaticEmbedding, StaticEmbeddingError, manifest_of
+from policies.embedding.static.distill import quantise, write_npz
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_a_paraphrase_is_nearer_than_another_request(static: StaticEmbedding) ->
 
 
 def test_serving_imports_neither_torch_nor_model2vec() -> None:
-    code = ("import sys; from policies.static_embedding import StaticEmbedding; StaticEmbedding.load().encode(['hi']);"
+    code = ("import sys; from policies.embedding.static import StaticEmbedding; StaticEmbedding.load().encode(['hi']);"
             "print(sorted(m for m in ('torch', 'model2vec', 'transformers', 'sentence_transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3])  # fmt: skip
@@ -84,8 +84,8 @@ def test_distillation_of_a_small_transformer_is_offline_and_checked(tmp_path: Pa
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from policies.sentence_model import bundled_model_path
-    from policies.static_embedding.distill import build
+    from policies.embedding.sentence_model import bundled_model_path
+    from policies.embedding.static.distill import build
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_model_path()), local_files_only=True)
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import pytest
 
 from policies.cache.shared import DEFAULT_VECTOR_SPACE, vector_blob, vector_from_blob
 from policies.cache.store import EntryStore
-from policies.embedder import DIMENSION, vector_space
+from policies.embedding.embedder import DIMENSION, vector_space
 
 INT8 = vector_space("int8")
 

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from policies.agreement import Final, final_answer, judge
+from policies.router.agreement import Final, final_answer, judge
 
 
 @pytest.mark.parametrize(("text", "want"), [
@@ -73,7 +73,7 @@ def _call(name: str, arguments: str, ident: str = "call_1") -> dict:
 
 
 def test_tool_calls_agree_by_name_and_argument_values() -> None:
-    from policies.agreement import judge_calls
+    from policies.router.agreement import judge_calls
 
     ours = [_call("Read", '{"file_path": "a.py", "limit": 20}')]
     assert judge_calls(ours, [_call("Read", '{"limit":20,  "file_path":"a.py"}', "call_9")]) == "agree"

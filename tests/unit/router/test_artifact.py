@@ -51,7 +51,7 @@ def test_scores_are_probabilities(shipped_router: Router) -> None:
 
 
 def test_multiple_choice_gate_is_part_of_the_score(shipped_router: Router, sentence_model) -> None:
-    from policies.embedder import encode
+    from policies.embedding.embedder import encode
 
     if shipped_router.gate_index is None:
         pytest.skip("the shipped model has no format gate")

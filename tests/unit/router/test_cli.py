@@ -10,7 +10,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.pipeline.embed import embedding_text
-from policies.embedder import encode
+from policies.embedding.embedder import encode
 from policies.router import Router
 from policies.router.cli import parse_score_line, score_stream
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gateway.pipeline.embed import embedding_text
-from policies.embedder import Embedder
+from policies.embedding.embedder import Embedder
 from policies.router import Router
 from policies.router.data import default_cache_dir, shared_data_dir
 from policies.router.evaluate import held_out_alpaca, held_out_data, routing_metrics, target_checks

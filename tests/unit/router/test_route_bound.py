@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from policies import route_bound_log
 from policies.cache.error_bound import wilson_upper
-from policies.route_bound import QualityBound, RouteBounds, Scope
-from policies.route_bound_log import (
+from policies.router import route_bound_log
+from policies.router.regions import Regions
+from policies.router.route_bound import QualityBound, RouteBounds, Scope
+from policies.router.route_bound_log import (
     LOG_FILE,
     SNAPSHOT_CHUNK,
     SNAPSHOT_FILE,
@@ -26,7 +27,6 @@ from policies.route_bound_log import (
     SharedBoundLog,
     _state_file,
 )
-from policies.router.regions import Regions
 from tests.support.valkey import ValkeyServer
 
 TA, TB, S = Scope("t", "a"), Scope("t", "b"), Scope("s", "")
@@ -443,7 +443,7 @@ async def test_a_snapshot_of_many_states_never_holds_up_the_event_loop(tmp_path:
 
 
 async def test_the_shared_logs_older_snapshot_and_events_are_read_then_rewritten_per_state(valkey: ValkeyServer) -> None:
-    from policies.redis_client import redis_client
+    from policies.shared_state.redis_client import redis_client
 
     events = _judgements(300, 12)
     raw = redis_client(valkey.url, connect_timeout_s=1.0, read_timeout_s=2.0)

@@ -8,7 +8,7 @@ import pytest
 from gateway.context import Principal, RequestContext
 from gateway.errors import PermissionDenied, UpstreamUnavailable
 from gateway.pipeline.route import RouteStage
-from policies.embedder import Embedder
+from policies.embedding.embedder import Embedder
 from policies.policy import Policy
 from policies.router import RoutePolicy, Router
 

@@ -7,7 +7,7 @@ import logging
 import httpx
 
 from policies.policy import Policy
-from policies.tier_prices import unpriced_tier_warnings
+from policies.router.tier_prices import unpriced_tier_warnings
 from tests.support.config import PASS_THROUGH
 
 TIERS = {"upstream": {"tiers": {"cost": {"pool": "standard", "model": "small-8b"},

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from policies.budgets import Budgets
 from policies.errors import BudgetExceeded, LimitExceeded
 from policies.policy import Policy
-from policies.redis_budgets import RedisBudgets
-from policies.redis_mux import MuxClient
-from policies.shared_budgets import SharedBudgets
+from policies.shared_state.redis_budgets import RedisBudgets
+from policies.shared_state.redis_mux import MuxClient
+from policies.shared_state.shared_budgets import SharedBudgets
 from tests.support.valkey import ValkeyServer
 from tests.unit.telemetry.conftest import tenant_budgets as _budgets
 

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 
-from policies.redis_mux import MuxClient
+from policies.shared_state.redis_mux import MuxClient
 from tests.support.valkey import ValkeyServer
 
 HANG_S = 30.0  # a bound for "at once" that only a hang reaches: what it takes here is milliseconds

@@ -13,10 +13,10 @@ import redis.asyncio as aioredis
 
 from policies.budgets import Budgets, Limits
 from policies.errors import LimitExceeded, StoreUnavailable
-from policies.outage_share import OutageShare
-from policies.redis_budgets import RedisBudgets
-from policies.redis_mux import MuxClient
-from policies.shared_budgets import SharedBudgets
+from policies.shared_state.outage_share import OutageShare
+from policies.shared_state.redis_budgets import RedisBudgets
+from policies.shared_state.redis_mux import MuxClient
+from policies.shared_state.shared_budgets import SharedBudgets
 from tests.support.valkey import ValkeyServer
 from tests.unit.telemetry.conftest import tenant_budgets as _budgets
 

@@ -7,7 +7,7 @@ few microseconds per request. It approximates MiniLM, it does not reproduce it (
 the two spaces are meaningless; the dimension differs). bench/static_embedding.py measures, per
 reader (cache candidate search, router, edge prior), whether it can stand in for the transformer.
 
-Serving needs numpy and tokenizers only; `python -m policies.static_embedding.distill` (model2vec,
+Serving needs numpy and tokenizers only; `python -m policies.embedding.static.distill` (model2vec,
 torch: the `distill` extra) rebuilds the artifact from the bundled weights, offline.
 """
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from policies.sentence_model import DIMENSION
+from policies.embedding.sentence_model import DIMENSION
 
 if TYPE_CHECKING:
     from sentence_transformers.sentence_transformer.modules import Transformer
@@ -136,7 +136,7 @@ def export(model_dir: Path, out_path: Path) -> Path:
         raise RuntimeError(f"no embedding graph at {out_path}, and the weights to make it from are not in {model_dir}")
     import torch
 
-    from policies.sentence_model import encode, load_sentence_model
+    from policies.embedding.sentence_model import encode, load_sentence_model
 
     model = load_sentence_model(model_dir)
     # Indexing the model is typed as a plain torch Module; its first module is the Transformer.

@@ -25,10 +25,10 @@ from typing import Any
 
 from policies.budgets import WINDOW_S, Budgets, Limits
 from policies.errors import BudgetExceeded, LimitExceeded
-from policies.outage_share import Left
-from policies.redis_mux import MuxClient
+from policies.shared_state.outage_share import Left
+from policies.shared_state.redis_mux import MuxClient
 
-_LUA = resources.files("policies") / "lua"
+_LUA = resources.files("policies.shared_state") / "lua"
 
 
 def _arg(value: float | None) -> str:
@@ -36,7 +36,7 @@ def _arg(value: float | None) -> str:
 
 
 class RedisBudgets:
-    """The `BudgetStore` over one multiplexed connection (policies/redis_mux.py: every request in
+    """The `BudgetStore` over one multiplexed connection (policies/shared_state/redis_mux.py: every request in
     flight shares its round trips); limits are resolved by the local `Budgets`."""
 
     def __init__(self, budgets: Budgets, client: MuxClient, *, key_prefix: str = "tierlane:", hold_ttl_s: float = 900.0) -> None:
@@ -107,7 +107,7 @@ class RedisBudgets:
         return [name for name, limits in ((tenant, tenant_limits), (f"{tenant}/{app}", app_limits)) if not limits.unlimited]
 
     async def reconcile(self, key: str, tenant: str, app: str, tokens: int, cost: float) -> None:
-        """Counts a request this replica admitted alone during an outage, once (policies/lua/reconcile.lua)."""
+        """Counts a request this replica admitted alone during an outage, once (policies/shared_state/lua/reconcile.lua)."""
         keys, _, who = self._scopes(tenant, app)
         if len(who) == 0:
             return

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from policies.sentence_model import (
+from policies.embedding.sentence_model import (
     DIMENSION,
     SentenceEncoder,
     TorchEncoder,
@@ -74,7 +74,7 @@ def load_encoder(
 ) -> SentenceEncoder:
     """The embedding backend: `onnx` (default, torch only for the one-time export) or `torch`.
 
-    `precision` int8 is the ONNX graph quantised (policies.onnx_encoder.quantize); float32 is what
+    `precision` int8 is the ONNX graph quantised (policies.embedding.onnx_encoder.quantize); float32 is what
     the readers (router, edge prior, cache calibration) were fitted on, and the default here.
     When the ONNX backend cannot run (onnxruntime missing, an unwritable cache directory, an
     export or quantisation that fails its check) the torch backend serves float32 instead, and
@@ -89,7 +89,7 @@ def load_encoder(
     model_dir = Path(model_path) if model_path is not None else bundled_model_path()
     if backend == "onnx":
         try:
-            from policies.onnx_encoder import load_onnx_encoder
+            from policies.embedding.onnx_encoder import load_onnx_encoder
 
             cache = Path(cache_dir) if cache_dir else default_cache_dir()
             return load_onnx_encoder(model_dir, cache, threads, precision)

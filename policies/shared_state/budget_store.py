@@ -1,6 +1,6 @@
 """Where budgets are counted across replicas: the small interface `SharedBudgets` talks to.
 
-`RedisBudgets` (policies/redis_budgets.py) implements it over Redis/Valkey; the in-process
+`RedisBudgets` (policies/shared_state/redis_budgets.py) implements it over Redis/Valkey; the in-process
 `Budgets` (policies/budgets.py) is the embedded default and the `allow` outage fallback.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from policies.errors import LimitExceeded
-from policies.outage_share import Left
+from policies.shared_state.outage_share import Left
 
 
 class BudgetStore(Protocol):

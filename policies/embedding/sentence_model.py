@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 itself: where the bundled copy lives, loading it offline, and the reference encode.
 
-Below both embedding backends (policies.embedder runs them, policies.onnx_encoder exports one),
+Below both embedding backends (policies.embedding.embedder runs them, policies.embedding.onnx_encoder exports one),
 so neither imports the other to reach the model.
 """
 

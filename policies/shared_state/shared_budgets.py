@@ -5,7 +5,7 @@ an error, or slower than that), `on_outage` decides:
 
 - `local_share` (the default): this replica admits against its share of what the store last
   said was left (that remainder divided by the replicas alive, plus its share of the rate
-  limits' refill; policies/outage_share.py), so the fleet admits about the limit in all;
+  limits' refill; policies/shared_state/outage_share.py), so the fleet admits about the limit in all;
 - `allow`: this replica admits against its own in-process `Budgets` (`fallback: local`, each
   replica enforcing the whole limits alone) or without any check (`fallback: none`);
 - `deny`: nothing is admitted (StoreUnavailable, a 503 with Retry-After).
@@ -31,10 +31,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from policies.budget_store import BudgetStore
 from policies.budgets import OPEN_SWEEP_AT, OPEN_TTL_S, Budgets, Limits
 from policies.errors import LimitExceeded, StoreUnavailable
-from policies.outage_share import OutageShare
+from policies.shared_state.budget_store import BudgetStore
+from policies.shared_state.outage_share import OutageShare
 from policies.task_stop import cancel_and_wait
 
 OutageMode = Literal["deny", "local_share", "allow"]

@@ -4,7 +4,7 @@
 on. The router scores a request; at or above a threshold it goes to the strong tier, below to the
 cost tier. The shadow stage samples tiered requests of *both* tiers at one rate and asks the
 other tier the same request (a cost-tier answer is re-asked of the strong tier, a strong-tier
-answer of the cost tier), and an agreement judge (policies/agreement.py, answer similarity for
+answer of the cost tier), and an agreement judge (policies/router/agreement.py, answer similarity for
 free text) says whether the two answers agree. Each judgement is an observation (the router's
 score, disagree or not) of the request's scope (a `Scope`: tenant and app, kept apart, never joined
 into one string) and region (policies/router/regions.py).
@@ -32,7 +32,7 @@ the bound) and moves:
   on cost.
 
 State is a pure fold over the observations in the order given (no clock, no randomness), so
-replicas that apply one log in one order hold identical thresholds (policies/route_bound_log.py),
+replicas that apply one log in one order hold identical thresholds (policies/router/route_bound_log.py),
 and a snapshot plus the log after it restores them. Bounded: `max_states` (scope, region) states,
 least recently used dropped first, `window` observations each. Traffic counts (requests and money
 saved per tier) are this replica's own and are not part of the fold.

@@ -1,4 +1,4 @@
--- Shared by the budget scripts (policies/redis_budgets.py prepends it to each).
+-- Shared by the budget scripts (policies/shared_state/redis_budgets.py prepends it to each).
 -- KEYS[1] holds (hash: request key -> "remaining\tcharged tokens\tcharged usd\tscope keys..."),
 -- KEYS[2] deadlines (sorted set: request key -> when its hold expires), then per scope
 -- three keys: req (hash: second -> requests), tok (hash: second -> tokens), s (hash: spend).

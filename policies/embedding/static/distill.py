@@ -1,6 +1,6 @@
 """Distil the static embedding from the bundled all-MiniLM-L6-v2 (development time; model2vec, torch).
 
-    HF_HUB_OFFLINE=1 python -m policies.static_embedding.distill [--out DIR] [--pca-dims 128]
+    HF_HUB_OFFLINE=1 python -m policies.embedding.static.distill [--out DIR] [--pca-dims 128]
 
 model2vec runs the transformer once over every word piece of MiniLM's vocabulary (no data, the
 bundled files only), reduces the outputs by PCA and weights frequent tokens down (SIF). The table
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from policies.artifact_dir import MANIFEST_FILE, sha256_file
-from policies.onnx_encoder import PROBES as ONNX_PROBES
-from policies.sentence_model import bundled_model_path
-from policies.static_embedding import ARTIFACT_DIR, FORMAT, MAX_TOKENS, TOKENIZER_FILE, VECTORS_FILE, StaticEmbedding
+from policies.embedding.onnx_encoder import PROBES as ONNX_PROBES
+from policies.embedding.sentence_model import bundled_model_path
+from policies.embedding.static import ARTIFACT_DIR, FORMAT, MAX_TOKENS, TOKENIZER_FILE, VECTORS_FILE, StaticEmbedding
 
 log = logging.getLogger(__name__)
 

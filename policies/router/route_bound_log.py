@@ -1,6 +1,6 @@
 """Where the routing quality bound's observations are kept: a log every replica folds in one order.
 
-The bound's state (policies/route_bound.py) is a pure fold over its observations, so keeping it
+The bound's state (policies/router/route_bound.py) is a pure fold over its observations, so keeping it
 means keeping the observations in order, and sharing it means every replica folding the same
 order. Two logs:
 
@@ -46,7 +46,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from policies.route_bound import At, QualityBound, RouteBounds, Scope
+from policies.router.route_bound import At, QualityBound, RouteBounds, Scope
 from policies.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -277,10 +277,10 @@ class SharedBoundLog:
     @classmethod
     def connect(cls, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float,
                 stream_max_len: int) -> SharedBoundLog:  # fmt: skip
-        from policies.redis_client import redis_client
-        from policies.redis_mux import MuxClient
+        from policies.shared_state.redis_client import redis_client
+        from policies.shared_state.redis_mux import MuxClient
 
-        # writes share one multiplexed connection (policies/redis_mux.py); the follower has its own, XREAD blocks it
+        # writes share one multiplexed connection (policies/shared_state/redis_mux.py); the follower has its own, XREAD blocks it
         client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
         follower = redis_client(url, connect_timeout_s=connect_timeout_s, read_timeout_s=_BLOCK_MS / 1000.0 + 1.0 + op_timeout_s)
         return cls(client, follower, key_prefix=key_prefix, op_timeout_s=op_timeout_s, stream_max_len=stream_max_len)
