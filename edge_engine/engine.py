@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from edge_engine.chat_template import ChatTemplate
+from edge_engine.chat_template import ChatTemplate, stop_tokens
 from edge_engine.errors import ContextTooLong, EngineBusy, InvalidInput
 from edge_engine.events import GenerationEvent, Sequence
 from edge_engine.grammar import GrammarCompiler
@@ -71,8 +71,10 @@ class Generation:
 class EdgeEngine:
     """An embedded llama.cpp model with continuous batching; start() before use, close() after."""
 
-    def __init__(self, settings: EdgeSettings | None = None) -> None:
+    def __init__(self, settings: EdgeSettings | None = None, chat_template: str | None = None) -> None:
+        """`chat_template`: Jinja text used instead of the GGUF's own (for a GGUF that carries none)."""
         self.settings = settings or EdgeSettings()
+        self._chat_template_text = chat_template
         self._stats = EngineStats()
         self._scheduler: Scheduler | None = None
         self._model: LlamaModel | None = None
@@ -105,7 +107,9 @@ class EdgeEngine:
         s = self.settings
         self._model = await asyncio.to_thread(LlamaModel, s.resolved_model_path(), s.n_gpu_layers, s.extra_buffers)
         try:
-            self._template = await asyncio.to_thread(ChatTemplate, self._model)
+            # a template the engine cannot render is a start-up error naming the file (ChatTemplateError)
+            self._template = await asyncio.to_thread(ChatTemplate, self._model, self._chat_template_text)
+            self._model.extra_stop_tokens = await asyncio.to_thread(stop_tokens, self._model, self._template)
             await self._start_scheduler()
         except BaseException:
             self._model.close()

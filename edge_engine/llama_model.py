@@ -54,11 +54,12 @@ def quiet_llama_log() -> None:
 class LlamaModel:
     """Loaded GGUF weights and vocabulary; tokenising only reads the vocabulary, so it is thread-safe."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, extra_buffers: bool = False) -> None:
+    def __init__(self, path: Path, n_gpu_layers: int = 0, extra_buffers: bool = False, vocab_only: bool = False) -> None:
         quiet_llama_log()
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
         # NOTE: extra buffer types repack weights for AMX/AVX512 kernels; a native build on a
         # CPU that reports AMX faults in ggml_backend_amx_mul_mat where the OS denies AMX tiles.
         params.use_extra_bufts = extra_buffers
@@ -71,6 +72,8 @@ class LlamaModel:
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.ptr)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        # tokens that also end generation: the stop set the engine derives at start (chat_template.stop_tokens)
+        self.extra_stop_tokens: frozenset[int] = frozenset()
 
     def close(self) -> None:
         if self.ptr:
@@ -117,7 +120,16 @@ class LlamaModel:
         return raw.decode("utf-8", errors="replace") if raw else ""
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token)) or token in self.extra_stop_tokens
+
+    def end_of_generation_tokens(self) -> frozenset[int]:
+        """Every token llama.cpp ends generation on (EOS, EOT, EOM and end-of-turn tokens it knows by name)."""
+        return frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+
+    def is_special(self, token: int) -> bool:
+        """A control or user-defined token (written by templates, never by plain text)."""
+        attr = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+        return bool(attr & (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED))
 
     @property
     def bos_text(self) -> str:
