@@ -339,6 +339,34 @@ def _edge_quality(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _edge_models(d: dict[str, Any]) -> list[Record]:
+    """The best model's held-out local share at its calibrated thresholds for local precision >= 0.95.
+
+    Best: the largest share among models whose held-out local precision there is >= 0.95; where
+    none reaches that precision, the largest share (its precision in the note).
+    """
+    figure = "best model: held-out local share at calibrated precision >= 0.95"
+    rows = [(m["file"], m["local_share_at_precision_0.95"]) for m in d.get("models", [])
+            if (m.get("local_share_at_precision_0.95") or {}).get("measured")]
+    if not rows:
+        return [not_exercised(figure, ">=", 0.40, "no model with its own calibration artifact", n=0, n_of="models")]
+
+    def key(row: tuple[str, dict[str, Any]]) -> tuple[bool, float]:
+        f = row[1]["at_0.95"]
+        return ((f.get("local_precision") or 0.0) >= 0.95, f.get("edge_share") or 0.0)
+
+    name, best = max(rows, key=key)
+    f = best["at_0.95"]
+    unmeasured = sum(1 for m in d.get("models", []) if not (m.get("local_share_at_precision_0.95") or {}).get("measured"))
+    kept = (f"local precision {f.get('local_precision')} on {f.get('kept')} answers kept local" if f.get("kept")
+            else "no threshold of its calibration curve reaches 0.95, nothing is kept local")
+    note = f"{name}: {kept}; models without their own calibration: {unmeasured}"
+    record = rate(figure, int(f["kept"]), int(f["items"]), ">=", 0.40, n_of="held-out tasks", note=note)
+    if not key((name, best))[0]:
+        record["met"] = False
+    return [record]
+
+
 def _agents(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     n = d.get("sessions_per_path")
@@ -692,6 +720,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "edge_decode": _edge_decode,
     "embedding_precision": _embedding_precision,
     "edge_engine": _edge_engine,
+    "edge_models": _edge_models,
     "edge_quality": _edge_quality,
     "edge_speculative": _edge_speculative,
     "metering_overhead": _metering_overhead,

@@ -592,6 +592,33 @@ def render_edge_quality(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_edge_models(data: dict[str, Any]) -> list[str]:
+    """GGUF models side by side on the held-out edge tasks (bench/edge_models.py)."""
+    models = data.get("models", [])
+    families = sorted({f for m in models for f in (m.get("accuracy_by_family") or {})})
+    rows = []
+    for m in models:
+        if m.get("error"):
+            rows.append([m["file"], m.get("size_label"), m["error"], *[None] * (len(families) + 5)])
+            continue
+        t = m["timing"]
+        share = m.get("local_share_at_precision_0.95") or {}
+        at = share.get("at_0.95") or {}
+        kept_right = count_from_rate(at.get("local_precision"), at["kept"]) if at.get("kept") else None
+        local = (f"{_num(at.get('edge_share'))} (precision {_rate(kept_right, at.get('kept'), at.get('local_precision'))})"
+                 if share.get("measured") else "not measured: no calibration artifact for this GGUF")
+        rows.append([m["file"], m.get("size_label"), _rate(m["correct"], m["items"], m["accuracy"]),
+                     *[(m["accuracy_by_family"].get(f) or {}).get("accuracy") for f in families],
+                     t["single"]["ms_per_token"], t["in_flight"]["ms_per_token"], m["correct_per_cpu_s"], local,
+                     m.get("chat_template")])
+    lines = [f"{data.get('items_per_model')} held-out tasks per model ({data.get('machine_note')}).", ""]
+    lines += _table(["model", "size", "accuracy", *families, "ms/token, 1 request, 2 threads", "ms/token, 8 in flight",
+                     "correct per CPU-s", "local share at calibrated precision >= 0.95", "chat template"], rows)
+    for key, text in (data.get("notes") or {}).items():
+        lines += ["", f"{key.replace('_', ' ').capitalize()}: {text}"]
+    return lines
+
+
 def render_cache_latency(data: dict[str, Any]) -> list[str]:
     names = {
         "miss_c1": "miss (embed + search + verify), concurrency 1",
@@ -843,6 +870,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "edge_speculative": render_edge_speculative,
     "cache_quality": render_cache_quality,
     "edge_quality": render_edge_quality,
+    "edge_models": render_edge_models,
     "edge_invalid_output": render_edge_invalid_output,
     "hostile_inputs": render_hostile_inputs,
     "image": render_image,
