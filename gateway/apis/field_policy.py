@@ -36,19 +36,33 @@ class KnownFields(BaseModel):
 
 def unknown(model: BaseModel, path: str = "") -> Iterator[str]:
     """The dotted paths (list indices left out) of every unknown key in a validated request tree."""
+    found: list[str] = []
+    _unknown_of(model, path, found)
+    return iter(found)
+
+
+# NOTE: a validated model's fields are its __dict__ (in field order; extras are kept apart), and
+# only models and lists can hold more of them: an agent's request re-sends its whole history, tens
+# of thousands of fields, and reading each through model_fields and getattr cost 0.4 ms a turn.
+_NESTED = (BaseModel, list)
+
+
+def _unknown_of(model: BaseModel, path: str, found: list[str]) -> None:
     if getattr(type(model), "KNOWN_ONLY", False):
-        for name in model.model_extra or {}:
-            yield f"{path}.{name}" if path else name
-    for name in type(model).model_fields:
-        yield from _unknown_in(getattr(model, name, None), f"{path}.{name}" if path else name)
+        for name in model.__pydantic_extra__ or ():
+            found.append(f"{path}.{name}" if path else name)
+    for name, value in model.__dict__.items():
+        if isinstance(value, _NESTED):
+            _unknown_in(value, f"{path}.{name}" if path else name, found)
 
 
-def _unknown_in(value: Any, path: str) -> Iterator[str]:
+def _unknown_in(value: Any, path: str, found: list[str]) -> None:
     if isinstance(value, BaseModel):
-        yield from unknown(value, path)
+        _unknown_of(value, path, found)
     elif isinstance(value, list):
         for item in value:
-            yield from _unknown_in(item, path)
+            if isinstance(item, _NESTED):
+                _unknown_in(item, path, found)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from policies.errors import InvalidInput
@@ -65,12 +67,79 @@ _COUNTS = TextMemo()
 
 
 def _estimate(text: str) -> int:
+    if len(text) >= RUNS_MIN_CHARS:
+        n = estimate_by_runs(text)
+        if n is not None:
+            return n
+    return estimate_by_regex(text)
+
+
+def estimate_by_regex(text: str) -> int:
+    """The estimate's definition: a token per _ESTIMATE_RE match, more for long runs."""
     # NOTE: one token per run, plus (length + 3) // 4 - 1 more for each long one: the same count as
     # a Python loop over every match, with the matching done in C (a 500 KB prompt: 140 ms -> ~10 ms)
     n = len(_ESTIMATE_RE.findall(text))
     for m in _LONG_RUN_RE.finditer(text):
         n += (m.end() - m.start() + 3) // 4 - 1
     return n
+
+
+# From this length the estimate counts character runs with numpy: the regexes take ~70 ns a
+# character (a 37 KB source file read by an agent: 2.8 ms), the array pass ~9 (0.33 ms); below it
+# the fixed cost of the arrays is more than the regexes'.
+RUNS_MIN_CHARS = 512
+# A text with more distinct non-ASCII characters than this is counted by the regexes (each such
+# character costs a pass over the text here).
+_RUNS_MAX_NON_ASCII = 32
+_NON_ASCII_RE = re.compile(r"[^\x00-\x7f]")
+_WORD, _NEWLINE, _SPACE, _OTHER = 1, 2, 3, 0
+# what each character class is replaced with before the array pass (an ASCII one of the same class)
+_CLASS_STAND_IN = {_WORD: "a", _NEWLINE: "\n", _SPACE: "\t", _OTHER: "!"}
+
+
+def _char_class(c: str) -> int:
+    # what the `re` module's \w and \s match in a str pattern: str.isalnum() or "_", str.isspace()
+    if c.isalnum() or c == "_":
+        return _WORD
+    if c == "\n":
+        return _NEWLINE
+    return _SPACE if c.isspace() else _OTHER
+
+
+_BYTE_CLASS = np.array([_char_class(chr(i)) if i < 128 else _OTHER for i in range(256)], dtype=np.int8)
+
+
+def _runs(mask: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """(lengths, starts) of the runs of True in `mask`."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).view(np.int8)))
+    return edges[1::2] - edges[::2], edges[::2]
+
+
+def estimate_by_runs(text: str) -> int | None:
+    """`estimate_by_regex`'s count from the text's runs of word, space and other characters, or
+    None for a text with many distinct non-ASCII characters.
+
+    The regex takes each maximal word run (a token, plus (length - 1) // 4 for a long one), each
+    other character, each maximal whitespace run of two or more (plus (length - 1) // 4 for a long
+    one) and each lone line break; counted here from the runs' lengths.
+    """
+    if not text.isascii():
+        chars = set(_NON_ASCII_RE.findall(text))
+        if len(chars) > _RUNS_MAX_NON_ASCII:
+            return None
+        for c in chars:
+            text = text.replace(c, _CLASS_STAND_IN[_char_class(c)])
+    if not text:
+        return 0
+    classes = _BYTE_CLASS[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+    word = classes == _WORD
+    space = classes >= _NEWLINE
+    word_runs, _ = _runs(word)
+    space_runs, space_starts = _runs(space)
+    other = len(classes) - int(np.count_nonzero(word)) - int(np.count_nonzero(space))
+    lone_breaks = int(np.count_nonzero(classes[space_starts[space_runs == 1]] == _NEWLINE))
+    return (len(word_runs) + other + int(np.count_nonzero(space_runs >= 2)) + lone_breaks
+            + int(((word_runs - 1) >> 2).sum()) + int(((space_runs - 1) >> 2).sum()))
 
 
 def estimate_tokens(text: str) -> int:
@@ -153,6 +222,10 @@ class TokenCounter:
     message_overhead: int = 4
     image_part_tokens: int = 85
     _memo: dict[str, int] = field(default_factory=dict)
+    # NOTE: per message object, holding the message (so its id is not reused while the counter
+    # lives): the passes, the removal account and masking's plan count the same messages again
+    # and again within one request, and no message is changed in place
+    _by_message: dict[int, tuple[Mapping[str, Any], int]] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -172,6 +245,14 @@ class TokenCounter:
         return n
 
     def message(self, msg: Mapping[str, Any]) -> int:
+        known = self._by_message.get(id(msg))
+        if known is not None and known[0] is msg:
+            return known[1]
+        n = self._message(msg)
+        self._by_message[id(msg)] = (msg, n)
+        return n
+
+    def _message(self, msg: Mapping[str, Any]) -> int:
         n = self.message_overhead + self.text(str(msg.get("role", "")))
         n += sum(self.text(t) for t in texts(msg))
         content = msg.get("content")

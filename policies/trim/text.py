@@ -103,15 +103,41 @@ def _normalise_free(seg: str, at_line_start: bool, at_text_start: bool, at_text_
     return seg
 
 
+# The rewrites of texts seen before: an agent sends the same messages again every turn. A text
+# that a rewrite leaves alone is kept as itself (no second copy); the boilerplate pass's memo is
+# per (min_repeats, min_paragraph_chars), a few at most (one per trim policy in force).
+_NORMALISED = TextMemo()
+_COLLAPSED: dict[tuple[int, int], TextMemo] = {}
+_MAX_COLLAPSE_MEMOS = 16
+
+
+def _unchanged_as_itself(text: str, new: str) -> str:
+    return text if new == text else new
+
+
 def normalise_whitespace(text: str) -> str:
     """Trailing spaces, runs of spaces and blank lines squeezed in prose; a text with code is left whole."""
+    return str(_NORMALISED.get(text, _normalise))
+
+
+def _normalise(text: str) -> str:
     if carries_code(text):
         return text
-    return _map_free(text, _normalise_free)
+    return _unchanged_as_itself(text, _map_free(text, _normalise_free))
 
 
 def collapse_repeats(text: str, min_repeats: int, min_paragraph_chars: int) -> str:
     """Runs of identical lines become one line and a count; repeated long paragraphs a marker (prose only)."""
+    key = (min_repeats, min_paragraph_chars)
+    memo = _COLLAPSED.get(key)
+    if memo is None:
+        if len(_COLLAPSED) >= _MAX_COLLAPSE_MEMOS:
+            _COLLAPSED.clear()
+        memo = _COLLAPSED.setdefault(key, TextMemo())
+    return str(memo.get(text, lambda t: _collapse(t, min_repeats, min_paragraph_chars)))
+
+
+def _collapse(text: str, min_repeats: int, min_paragraph_chars: int) -> str:
     if carries_code(text):
         return text
     seen: set[str] = set()
@@ -154,4 +180,4 @@ def collapse_repeats(text: str, min_repeats: int, min_paragraph_chars: int) -> s
                 seen.add(para)
         return "\n\n".join(paragraphs)
 
-    return _map_free(text, collapse)
+    return _unchanged_as_itself(text, _map_free(text, collapse))
