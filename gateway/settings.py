@@ -118,8 +118,10 @@ class UpstreamSettings(_Strict):
     models: list[str] = Field(default_factory=lambda: ["*"], description='model names served; "*" = any')
     apis: list[NativeApi] = Field(
         default_factory=lambda: list[NativeApi](["chat"]),
-        description="APIs served natively: chat (OpenAI's, always), messages (Anthropic's /messages): a Messages request "
-        "routed to a pool whose every upstream (fallbacks included) serves it gets the client's body as sent, model mapped",
+        description="APIs the upstream serves: chat (OpenAI's /chat/completions), messages (Anthropic's /messages). A "
+        "Messages request goes to a member serving messages as the client sent it (model mapped); a chat or Responses "
+        "request goes to a member without chat (api.anthropic.com: [messages]) translated to a Messages request, with "
+        "the prompt-cache breakpoints placed by the gateway",
     )
     pool: str = Field("default", description="the pool this upstream is a member of (see `pools`)")
     connect_timeout_s: float = Field(3.0, gt=0, description="longest wait for a connection (nothing sent yet: another member may take it)")
@@ -168,6 +170,15 @@ class UpstreamSettings(_Strict):
         if not value.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("apis")
+    @classmethod
+    def _some_api(cls, value: list[NativeApi]) -> list[NativeApi]:
+        if not value:
+            raise ValueError("apis must name at least one API (chat, messages)")
+        if len(set(value)) != len(value):
+            raise ValueError("apis names an API twice")
+        return value
 
     @field_validator("metrics_url")
     @classmethod

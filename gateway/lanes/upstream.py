@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from gateway.apis.field_policy import DROPPED_ATTRIBUTE, DROPPED_HEADER
+from gateway.apis.native import MESSAGES
 from gateway.context import TRIM_HEADER, Answer, NativeApi, RequestContext, Usage
 from gateway.errors import BadUpstreamResponse, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.upstream.affinity import key_for
@@ -102,6 +103,13 @@ async def answer(
         if reply.response is None:
             return _whole_native(ctx, reply, native_api)
         return Answer(lane="upstream", chunks=_relay_native(ctx, reply, native_api))
+    if reply.api == "messages":
+        # a member without chat got the request as a Messages one (gateway/upstream/to_messages.py):
+        # its answer is read into the chat answer the client and the completion hooks read
+        ctx.attributes["tierlane.upstream.api"] = "messages"
+        if reply.response is None:
+            return _whole_translated(ctx, reply)
+        return Answer(lane="upstream", chunks=_relay_translated(ctx, reply, client_wants_usage))
     if reply.response is None:
         return _whole(ctx, reply)
     return Answer(lane="upstream", chunks=_relay(ctx, reply, client_wants_usage, estimate))
@@ -154,6 +162,68 @@ async def _relay_native(ctx: RequestContext, reply: UpstreamReply, api: NativeAp
                 ok = True
                 return
             waited = time.perf_counter()
+    except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+        blame = True
+        raise _mid_stream(exc) from None
+    finally:
+        reply.release(ok=ok, blame=blame)
+
+
+def _chat_usage(usage: Usage) -> dict[str, Any]:
+    """A Messages answer's usage as chat's, cache reads named as OpenAI names them."""
+    return {**usage.to_openai(), "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens}}
+
+
+def _whole_translated(ctx: RequestContext, reply: UpstreamReply) -> Answer:
+    """A Messages answer to a chat request, as the chat completion."""
+    if reply.status >= 400:
+        raise _client_error(reply)
+    if not isinstance(reply.body, dict):
+        raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
+    ctx.usage = MESSAGES.usage(reply.body.get("usage"))
+    ctx.first_token_at = time.perf_counter()
+    body = MESSAGES.chat(reply.body)
+    if ctx.usage is not None:
+        body["usage"] = _chat_usage(ctx.usage)
+    return Answer(lane="upstream", body=body, status=reply.status)
+
+
+async def _relay_translated(ctx: RequestContext, reply: UpstreamReply,
+                            client_wants_usage: bool) -> AsyncGenerator[dict[str, Any], None]:
+    """A Messages stream to a chat request, as chat chunks; usage last where the client asked for it."""
+    assert reply.response is not None
+    reader = MESSAGES.stream()
+    ok = blame = False
+    last: dict[str, Any] = {}
+    waited = time.perf_counter()
+    try:
+        async for event in iter_events(reply.response.content, reply.upstream.settings.max_response_bytes):
+            ctx.lane_seconds += time.perf_counter() - waited
+            if event is DONE:
+                break
+            if not isinstance(event, dict):
+                raise BadUpstreamResponse("the upstream sent a stream event that is not an object")
+            if event.get("type") == "error":  # Anthropic's mid-stream failure (overloaded_error, ...)
+                error = event["error"] if isinstance(event.get("error"), dict) else {}
+                raise UpstreamError(f"the upstream failed mid-stream: {error.get('message') or error.get('type')}")
+            chunk = reader.chunk(event)
+            chunk.pop("native", None)
+            if reader.usage is not None:
+                ctx.usage = reader.usage
+            if chunk["choices"]:
+                if ctx.first_token_at is None:
+                    ctx.first_token_at = time.perf_counter()
+                last = chunk
+                yield chunk
+            if reader.ends(event):
+                break
+            waited = time.perf_counter()
+        else:
+            return  # the stream broke off before its last event: no usage is made up
+        ok = True
+        if client_wants_usage and ctx.usage is not None:
+            yield {"id": last.get("id"), "object": "chat.completion.chunk", "created": last.get("created"),
+                   "model": last.get("model"), "choices": [], "usage": _chat_usage(ctx.usage)}
     except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
         blame = True
         raise _mid_stream(exc) from None

@@ -19,6 +19,7 @@ from gateway.errors import (
     MAX_RETRY_AFTER_S,
     BadUpstreamResponse,
     GatewayError,
+    InvalidRequest,
     RateLimited,
     UpstreamError,
     UpstreamTimeout,
@@ -29,6 +30,7 @@ from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
 from gateway.upstream.server_load import ServerLoad, current, keep_scraping
+from gateway.upstream.to_messages import to_messages, with_version
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,7 @@ class UpstreamReply:
     body: Any = None
     attempts: int = 1
     native: bool = False  # the member served the client's own API: the reply is in that API's shape
+    api: str = "chat"  # the API the member answered in: "messages" for a member without chat (translated, or native)
     sent_at: float = 0.0  # time.monotonic() when the request went out (the member's `sent_at` holds it until release)
     _pool: UpstreamPool | None = None
 
@@ -226,6 +229,8 @@ class UpstreamPool:
         """Ask a wildcard upstream which models it serves, so `auto` has a name to send it."""
         assert upstream.session is not None
         headers = {"Authorization": f"Bearer {upstream.settings.api_key}"} if upstream.settings.api_key else {}
+        if upstream.settings.api_key and "chat" not in upstream.settings.apis:  # Anthropic's own headers
+            headers.update(with_version({"x-api-key": upstream.settings.api_key}))
         try:
             async with upstream.session.get(
                 upstream.settings.base_url + "/models", headers=headers, timeout=aiohttp.ClientTimeout(total=3)
@@ -422,12 +427,13 @@ class UpstreamPool:
         `native`: the client's own request (its API, path and body) for a member that serves that API
         itself (`upstreams[].apis`); the others get `body` at `path`. Decided per member tried, so a
         fallback that does not serve it translates only when it is the one that answers
-        (`reply.native` says which).
+        (`reply.native` says which). A member whose `apis` leave out chat gets a chat `body` as a
+        Messages request with the cache breakpoints placed (to_messages; `reply.api` is then "messages").
 
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         # the body as sent, serialised once per distinct set of member settings that change it (adapt)
-        payloads: dict[tuple[int | None, str, bool, bool, bool], bytes] = {}
+        payloads: dict[tuple[int | None, str, bool, bool, str], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
         for pool_name in self._chain(pool):
@@ -453,17 +459,24 @@ class UpstreamPool:
                 attempts += 1
                 cfg = upstream.settings
                 as_native = native is not None and native.api in cfg.apis
+                wire = native.api if native is not None and as_native else "chat" if "chat" in cfg.apis else "messages"
                 member_path = native.path if native is not None and as_native else path
-                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key, cfg.cache_salt, as_native)
+                member_headers = headers
+                key = (cfg.max_output_tokens, cfg.system_messages, cfg.sends_prompt_cache_key, cfg.cache_salt,
+                       "native" if as_native else wire)
                 sent = payloads.get(key)
                 if sent is None:
                     # NOTE: the client's own body goes to a member that serves its API as it was sent
                     sent = payloads[key] = (orjson.dumps(native.body) if native is not None and as_native
-                                            else orjson.dumps(adapt(body, cfg, path, session, tenant)))
-                reply, failure = await self._attempt(upstream, member_path, sent, headers, stream, client_authorization)
+                                            else self._payload(body, cfg, path, wire, session, tenant))
+                if not as_native and wire == "messages":
+                    member_path, member_headers = "/messages", with_version(headers)
+                reply, failure = await self._attempt(upstream, member_path, sent, member_headers, stream,
+                                                     client_authorization)
                 if reply is not None:
                     reply.attempts = attempts
                     reply.native = as_native
+                    reply.api = wire
                     if balancer is not None:
                         balancer.record(upstream, affinity, upstream.settings.kv_capacity_tokens)
                     return reply
@@ -475,6 +488,18 @@ class UpstreamPool:
                 if not failure.same_member:
                     barred.add(id(upstream))
         raise last_error
+
+    @staticmethod
+    def _payload(body: dict[str, Any], cfg: UpstreamSettings, path: str, wire: str, session: str | None,
+                 tenant: str | None) -> bytes:
+        """`body` as the member takes it: adapted, and for a member without chat as a Messages request."""
+        adapted = adapt(body, cfg, path, session, tenant)
+        if wire != "messages":
+            return orjson.dumps(adapted)
+        if path != "/chat/completions":
+            raise InvalidRequest(f"upstream {cfg.name!r} serves only the Messages API: it takes chat requests, not "
+                                 f"{path}", code="unsupported_operation")
+        return orjson.dumps(to_messages(adapted, cfg.max_output_tokens))
 
     async def _attempt(
         self,

@@ -8,6 +8,11 @@ the shipped trim policy with observation masking in shadow mode, to a chat upstr
 its prompt cache by `prompt_cache_key`; every main-loop request must extend the one before it:
 each field but `messages` the same bytes, and the earlier request's messages a byte-identical
 prefix of the next one's. The upstream also gets one `prompt_cache_key` for the whole session.
+
+Codex also runs against a member that serves only the Messages API (`apis: [messages]`, as
+api.anthropic.com): the gateway translates each turn and places the cache breakpoints, so the
+same check runs on the translated bodies, the breakpoints aside (Anthropic's cache key is the
+content, not the marks); every body carries at most 4 of them, one on the conversation's last block.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from tests.support import agents
 from tests.support.agent_model import MODEL, AgentModel
 from tests.support.background import RunningApp
 from tests.support.config import PASS_THROUGH, upstream_cfg
+from tests.support.native_agent_model import native_app
 
 pytestmark = pytest.mark.agents
 
@@ -53,19 +59,41 @@ def first_divergence(before: dict[str, Any], after: dict[str, Any]) -> str | Non
     return None
 
 
-@pytest.mark.parametrize(("agent", "model"), [(agents.CLAUDE, None), (agents.CODEX, None),
-                                             (agents.CODEX, agents.CODEX_TOOLS_MODEL)],
-                         ids=["claude", "codex", "codex-tools"])
-def test_each_turn_extends_the_last_byte_for_byte(bg, make_gateway, tmp_path: Path, agent: Any, model: str | None):
+def unmarked(value: Any) -> Any:
+    """`value` without its `cache_control` keys (the breakpoints the gateway moves from turn to turn)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value
+
+
+def breakpoints(body: dict[str, Any]) -> list[str]:
+    """Where a Messages body's cache marks are."""
+    out = [f"tools[{i}]" for i, t in enumerate(body.get("tools") or ()) if "cache_control" in t]
+    out += [f"system[{i}]" for i, b in enumerate(body.get("system") or ()) if "cache_control" in b]
+    for i, message in enumerate(body["messages"]):
+        out += [f"messages[{i}][{j}]" for j, b in enumerate(message["content"]) if "cache_control" in b]
+    return out
+
+
+@pytest.mark.parametrize(("agent", "model", "wire"), [(agents.CLAUDE, None, "chat"), (agents.CODEX, None, "chat"),
+                                                     (agents.CODEX, agents.CODEX_TOOLS_MODEL, "chat"),
+                                                     (agents.CODEX, None, "messages"),
+                                                     (agents.CODEX, agents.CODEX_TOOLS_MODEL, "messages")],
+                         ids=["claude", "codex", "codex-tools", "codex-messages", "codex-tools-messages"])
+def test_each_turn_extends_the_last_byte_for_byte(bg, make_gateway, tmp_path: Path, agent: Any, model: str | None,
+                                                  wire: str):
     work = tmp_path / "work"
     work.mkdir()
     for source in FILES:
         (work / source.name).write_bytes(source.read_bytes())
     scripted = AgentModel(files=[str(work / source.name) for source in FILES], quote_chars=20)
-    upstream = RunningApp(bg, scripted.app())
+    upstream = RunningApp(bg, scripted.app() if wire == "chat" else native_app(scripted))
+    member = (upstream_cfg("model", upstream.url + "/v1", models=[MODEL], prompt_cache_key=True) if wire == "chat" else
+              upstream_cfg("model", upstream.url + "/v1", models=[MODEL], apis=["messages"]))
     try:
-        gw = make_gateway(base=shipped_with_shadow_masking(), model_aliases=ALIASES,
-                          upstreams=[upstream_cfg("model", upstream.url + "/v1", models=[MODEL], prompt_cache_key=True)])
+        gw = make_gateway(base=shipped_with_shadow_masking(), model_aliases=ALIASES, upstreams=[member])
         out = agents.run(agent, gw.url, work, tmp_path / "home", "Read each file in turn.", model=model)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     finally:
@@ -73,10 +101,17 @@ def test_each_turn_extends_the_last_byte_for_byte(bg, make_gateway, tmp_path: Pa
     bodies = [orjson.loads(raw) for raw in scripted.raw]
     loop = [body for body in bodies if body.get("tools")]  # the main loop (side calls carry no tools)
     assert len(loop) >= len(FILES) + 1, len(loop)
+    if wire == "messages":
+        for body in bodies:
+            marks = breakpoints(body)
+            last = f"messages[{len(body['messages']) - 1}][{len(body['messages'][-1]['content']) - 1}]"
+            assert len(marks) <= 4 and last in marks, marks
+        loop = [unmarked(body) for body in loop]
     for turn in range(1, len(loop)):
         assert first_divergence(loop[turn - 1], loop[turn]) is None, (turn, first_divergence(loop[turn - 1], loop[turn]))
-    keys = {body.get("prompt_cache_key") for body in loop}
-    assert len(keys) == 1 and None not in keys, keys
+    if wire == "chat":
+        keys = {body.get("prompt_cache_key") for body in loop}
+        assert len(keys) == 1 and None not in keys, keys
 
 
 def test_the_check_sees_a_rewritten_turn() -> None:

@@ -10,6 +10,8 @@ from aiohttp import web
 from tests.support.faults import Recorder
 
 TEXT = "Paris is the capital."
+TOOL_USE_ID = "toolu_fixture"
+TOOL_INPUT = {"city": "Paris"}
 USAGE = {"input_tokens": 11, "output_tokens": 5, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0}
 
 
@@ -17,9 +19,17 @@ def _event(data: dict[str, Any]) -> bytes:
     return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.Application:
+def _calls_tool(body: dict[str, Any]) -> bool:
+    """Whether the request offers tools and the conversation's last turn holds no tool result."""
+    last = (body.get("messages") or [{}])[-1].get("content")
+    answered = isinstance(last, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last)
+    return bool(body.get("tools")) and not answered
+
+
+def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None, call_tools: bool = False) -> web.Application:
     """Answers every /v1/messages with a thinking block and TEXT, as JSON or as Anthropic's events,
-    reporting `usage` (USAGE unless given)."""
+    reporting `usage` (USAGE unless given). With `call_tools`, a request offering tools whose last
+    turn holds no tool result is answered with a call of its first tool (TOOL_INPUT) instead of TEXT."""
     reported = usage or USAGE
 
     async def messages(request: web.Request) -> web.StreamResponse:
@@ -30,6 +40,8 @@ def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.App
         message = {"id": "msg_native", "type": "message", "role": "assistant", "model": body["model"],
                    "content": [{"type": "thinking", "thinking": "Easy.", "signature": "sig"}, {"type": "text", "text": TEXT}],
                    "stop_reason": "end_turn", "stop_sequence": None, "usage": reported}
+        if call_tools and _calls_tool(body):
+            return await _tool_use(request, body, message)
         if not body.get("stream"):
             return web.json_response(message)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -46,6 +58,26 @@ def anthropic_app(rec: Recorder, usage: dict[str, Any] | None = None) -> web.App
             await resp.write(_event({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": piece}}))
         await resp.write(_event({"type": "content_block_stop", "index": 1}))
         await resp.write(_event({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                 "usage": {"output_tokens": reported["output_tokens"]}}))
+        await resp.write(_event({"type": "message_stop"}))
+        return resp
+
+    async def _tool_use(request: web.Request, body: dict[str, Any], message: dict[str, Any]) -> web.StreamResponse:
+        use = {"type": "tool_use", "id": TOOL_USE_ID, "name": body["tools"][0]["name"], "input": TOOL_INPUT}
+        message = {**message, "content": [use], "stop_reason": "tool_use"}
+        if not body.get("stream"):
+            return web.json_response(message)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        start = {**message, "content": [], "stop_reason": None, "usage": {**reported, "output_tokens": 1}}
+        arguments = orjson.dumps(TOOL_INPUT).decode()
+        await resp.write(_event({"type": "message_start", "message": start}))
+        await resp.write(_event({"type": "content_block_start", "index": 0, "content_block": {**use, "input": {}}}))
+        for piece in (arguments[:5], arguments[5:]):
+            await resp.write(_event({"type": "content_block_delta", "index": 0,
+                                     "delta": {"type": "input_json_delta", "partial_json": piece}}))
+        await resp.write(_event({"type": "content_block_stop", "index": 0}))
+        await resp.write(_event({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                                  "usage": {"output_tokens": reported["output_tokens"]}}))
         await resp.write(_event({"type": "message_stop"}))
         return resp

@@ -49,8 +49,10 @@ def messages_as_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _messages(model: AgentModel, request: web.Request) -> web.StreamResponse:
-    body = await request.json()
+    raw = await request.read()
+    body = orjson.loads(raw)
     model.requests.append(body)
+    model.raw.append(raw)
     message, finish = model.reply(messages_as_chat(body))
     if model.delay_s:
         await asyncio.sleep(model.delay_s)
