@@ -15,7 +15,7 @@ sessions run interleaved, 4 and then 8 at a time, every request streamed, its se
 `x-tierlane-session` as agents' own keys do. Compared, side by side in one run:
 `least_outstanding` (the pool before), `round_robin`, `prefix_affinity` (the default), and at 4 in
 flight also prefix affinity without session keys and two gateway replicas taking a session's
-turns in turn. Reported per run: TTFT p50/p90 (to the first content), overall and apart for
+turns in turn (sharing the session placement table through Valkey, `state.backend: redis`). Reported per run: TTFT p50/p90 (to the first content), overall and apart for
 sessions' first turns (a cold prompt wherever it lands) and their later turns (what affinity keeps
 warm), requests per second, the
 servers' own cached-prompt share (their `llamacpp:prompt_tokens_cached_total` against the tokens
@@ -195,8 +195,10 @@ class Fleet:
             stop(proc)
 
 
-def gateway_config(fleet: Fleet, balance: str, state: Path) -> dict[str, Any]:
-    return {
+def gateway_config(fleet: Fleet, balance: str, state: Path, store_url: str | None = None) -> dict[str, Any]:
+    """One replica's settings; `store_url`: the replicas share state (the session placement table) in Valkey."""
+    shared = {"state": {"backend": "redis", "url": store_url, "op_timeout_ms": 500}} if store_url else {}
+    return {**shared,
         "edge": {"enabled": False},
         "embedder": {"enabled": False},
         "telemetry": {"tracing": False, "metrics": False, "metering": True},
@@ -227,11 +229,18 @@ def run_one(binary: Path, tmp: Path, name: str, balance: str, work: Any, *, repl
     """A fresh fleet and `replicas` fresh gateways; `work(urls)` drives them; the run's figures."""
     fleet = Fleet(binary, tmp, name)
     gateways, states = [], []
+    store = None
     try:
+        if replicas > 1:  # replicas share the session placement table, as a fleet with state.backend redis does
+            from tests.support.valkey import ValkeyServer
+
+            (tmp / f"valkey-{name}").mkdir()
+            store = ValkeyServer(tmp / f"valkey-{name}")
         for r in range(replicas):
             port = free_port()
             state = tmp / f"state-{name}-{r}"
-            gateways.append((start(gateway_cmd(gateway_config(fleet, balance, state), tmp / f"gw-{name}-{r}.yaml", port),
+            config = gateway_config(fleet, balance, state, store.url if store is not None else None)
+            gateways.append((start(gateway_cmd(config, tmp / f"gw-{name}-{r}.yaml", port),
                                    f"http://127.0.0.1:{port}/healthz", tmp / f"gw-{name}-{r}.log",
                                    env={"HF_HUB_OFFLINE": "1"}), port))
             states.append(state)
@@ -243,6 +252,8 @@ def run_one(binary: Path, tmp: Path, name: str, balance: str, work: Any, *, repl
         for proc, _ in gateways:
             stop(proc)
         fleet.close()
+        if store is not None:
+            store.stop()
     return summarise(out, before, after, [ledger_cost(s) for s in states])
 
 
@@ -465,8 +476,10 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
             "ratio": round(two["server_cached_prompt_share"] / one["server_cached_prompt_share"], 4),
             "ttft_ms": {which: {f"{part}_p{q}": run[f"{part}_ttft_p{q}_ms"] for part in ("first_turns", "later_turns")
                                 for q in (50, 90)} for which, run in (("one", one), ("two", two))},
-            "how": "stable block hashes; every replica walks a session's rendezvous ranking of (tenant, session), "
-                   "skipping members over the load bound read from the servers' scraped load; nothing pinned",
+            "how": "one session placement table for both replicas (state.backend redis, Valkey): a session's first "
+                   "turn goes to the member with the fewest live sessions, its later turns where it was placed "
+                   "unless that member is over the load bound read from the servers' scraped load (then a move, "
+                   "kept for both); one replica keeps the same table in its own process",
         },
         "no_shared_prefix": {
             "requests_per_run": unique, "in_flight": 4, "runs_per_policy": len(no_shared["least_outstanding"]),

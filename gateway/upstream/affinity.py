@@ -14,14 +14,18 @@ loaded member. The chain of block hashes starts from the request's tenant, so on
 never matches what another tenant sent (the member named in `x-tierlane-upstream` says nothing of
 other tenants' prompts; a prefix two tenants share is no longer steered to one member for both).
 
-Sessions are not pinned anywhere. A session is keyed by (tenant, session name) and walks that
-key's rendezvous ranking of the members (vLLM production-stack's session mode, with the fallback
-order made explicit): it goes to the first member of the ranking that takes requests and is within
-the load bound. Nothing about the session is remembered, so every gateway replica makes the same
-choice from the same inputs: a member over the bound is skipped by every replica that sees it over
-the bound, the session goes to the next member of its ranking there, and the turn after the member
-is back within the bound (or its breaker closes again) goes to it again, on every replica alike.
-A tenant naming its session like another tenant's lands on its own ranking and moves nothing.
+A session is keyed by (tenant, session name). In a pool with `session_placement: balanced` (the
+default) the pool first asks the placement table (placement.py) for the session's member: the one
+with the fewest live sessions at its first turn, kept after; the balancer sends the turn there.
+Without a table's answer (`session_placement: rendezvous`, or a shared store that did not answer in
+time) the session walks that key's rendezvous ranking of the members (vLLM production-stack's
+session mode, with the fallback order made explicit): it goes to the first member of the ranking
+that takes requests and is within the load bound. Nothing about the session is remembered then, so
+every gateway replica makes the same choice from the same inputs: a member over the bound is
+skipped by every replica that sees it over the bound, the session goes to the next member of its
+ranking there, and the turn after the member is back within the bound (or its breaker closes
+again) goes to it again, on every replica alike. A tenant naming its session like another tenant's
+lands on its own ranking and moves nothing.
 
 The load the bound and the choice read is, where a member's metrics are scraped (`metrics_url`,
 `server_load.py`) and the reading is current, the server's own running plus waiting requests (other
@@ -92,6 +96,7 @@ class AffinityKey:
 
     blocks: tuple[int, ...] = ()
     session: SessionKey | None = None
+    placed: str | None = None  # the member the session's placement table names for this turn (placement.py)
 
 
 def prompt_text(body: Mapping[str, Any], limit: int = MAX_BLOCKS * BLOCK_CHARS) -> str:
@@ -196,6 +201,7 @@ class Balancer:
     indexes: dict[str, PrefixIndex] = field(default_factory=dict)
     hits: int = 0  # requests sent where a prefix was found (for a session: on the member its walk picked)
     picks: int = 0
+    moves: int = 0  # sessions the placement table moved off their member (over the bound, or down)
     _turn: int = 0  # round_robin's position
 
     def within_bound(self, candidates: Sequence[Member]) -> list[Member]:
@@ -210,6 +216,13 @@ class Balancer:
         mean = (sum(m.shared_load for m in candidates) + 1) / len(candidates)
         return [m for m in candidates if m.shared_load <= self.max_load_ratio * mean] or list(candidates)
 
+    def preference(self, candidates: Sequence[Member], session: SessionKey) -> list[Member]:
+        """`candidates` in the order a new session is placed by, after the fewest live sessions: the least
+        loaded first (scraped load, then own outstanding), then the session's ranking."""
+        ranked = ranking(session_anchor(session), candidates)
+        position = {id(m): i for i, m in enumerate(ranked)}
+        return sorted(candidates, key=lambda m: (m.shared_load, m.inflight, position[id(m)]))
+
     def choose(self, candidates: Sequence[Member], key: AffinityKey | None) -> Member:
         """The member for a request among `candidates` (non-empty: those with a closed breaker, not yet tried)."""
         self.picks += 1
@@ -220,9 +233,12 @@ class Balancer:
         least = min(m.shared_load for m in allowed)
         if key is not None and self.mode != "least_outstanding":
             if key.session is not None:
-                # the first member of the session's ranking within the bound: every replica walks the same one
-                allowed_ids = {id(m) for m in allowed}
-                member = next(m for m in ranking(session_anchor(key.session), candidates) if id(m) in allowed_ids)
+                # where the placement table put the session (it judged the bound); else the first member of
+                # the session's ranking within the bound: every replica walks the same one
+                member = next((m for m in candidates if m.name == key.placed), None) if key.placed else None
+                if member is None:
+                    allowed_ids = {id(m) for m in allowed}
+                    member = next(m for m in ranking(session_anchor(key.session), candidates) if id(m) in allowed_ids)
                 if key.blocks and self._matched(member, key.blocks) > 0:
                     self.hits += 1
                 return member

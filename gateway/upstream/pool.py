@@ -8,7 +8,7 @@ import math
 import random
 import time
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple
 
@@ -29,6 +29,7 @@ from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.placement import LocalPlacement, Placement, SharedPlacement
 from gateway.upstream.server_load import ServerLoad, current, keep_scraping
 from gateway.upstream.to_messages import to_messages, with_version
 
@@ -192,6 +193,11 @@ class UpstreamPool:
             name: Balancer(self._pools[name].balance, self._pools[name].max_load_ratio)
             for name, members in self._by_pool.items() if len(members) > 1
         }
+        # where sessions are placed (balanced pools): one table for every replica where the state is shared
+        self._state = settings.state
+        self._placement: Placement | None = None
+        if any(self._places_sessions(name) for name in self._balancers):
+            self._placement = LocalPlacement() if settings.state.backend != "redis" else None  # shared: at start
         for name, pool in settings.pools.items():
             unknown = [f for f in pool.fallback if f not in self._by_pool]
             if name in self._by_pool and unknown:
@@ -201,7 +207,17 @@ class UpstreamPool:
         self._scrapers: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
 
+    def _places_sessions(self, pool: str) -> bool:
+        balancer = self._balancers.get(pool)
+        return (balancer is not None and balancer.mode in ("prefix_affinity", "session")
+                and self._pools[pool].session_placement == "balanced")
+
     async def start(self) -> None:
+        if self._placement is None and any(self._places_sessions(name) for name in self._balancers):
+            state = self._state
+            self._placement = SharedPlacement(state.url, key_prefix=state.key_prefix,
+                                              connect_timeout_s=state.connect_timeout_ms / 1000.0,
+                                              op_timeout_s=state.op_timeout_ms / 1000.0)
         for upstream in self._upstreams:
             cfg = upstream.settings
             upstream.session = aiohttp.ClientSession(
@@ -256,6 +272,8 @@ class UpstreamPool:
             if upstream.session is not None:
                 await upstream.session.close()
                 upstream.session = None
+        if self._placement is not None:
+            await self._placement.close()
 
     # -- half-open probes: the gateway's own requests, never a client's -------------------
     async def _watch_breakers(self) -> None:
@@ -421,7 +439,7 @@ class UpstreamPool:
 
         `affinity` (the prompt's tenant-salted prefix blocks and its (tenant, session)) lets a pool's
         balancer pick the member that holds them; the member a request went to is noted as holding its
-        prefix (a session is not pinned: every replica walks its ranking alike). `session` goes as
+        prefix; a session goes where the placement table puts it (balanced pools), else walks its ranking. `session` goes as
         `prompt_cache_key` to members that take one, and `tenant`'s salt as `cache_salt` to those that take it.
 
         `native`: the client's own request (its API, path and body) for a member that serves that API
@@ -443,8 +461,9 @@ class UpstreamPool:
             failed: dict[int, _Failure] = {}  # the last failure of each member tried
             barred: set[int] = set()  # members not worth a second try for this request
             balancer = self._balancers.get(pool_name)
+            turn = await self._place(pool_name, members, model, balancer, affinity)
             for _ in range(budget):
-                upstream = self._pick(members, model, tried, barred, balancer, affinity)
+                upstream = self._pick(members, model, tried, barred, balancer, turn)
                 if upstream is None:
                     break
                 before = failed.get(id(upstream))
@@ -452,7 +471,7 @@ class UpstreamPool:
                     # Backoff (or the upstream's Retry-After) only before trying the same member
                     # again: another member is a different host and is tried at once.
                     await asyncio.sleep(before.delay)
-                    upstream = self._pick(members, model, tried, barred, balancer, affinity)  # breakers may have moved
+                    upstream = self._pick(members, model, tried, barred, balancer, turn)  # breakers may have moved
                     if upstream is None:
                         break
                 tried.add(id(upstream))
@@ -500,6 +519,25 @@ class UpstreamPool:
             raise InvalidRequest(f"upstream {cfg.name!r} serves only the Messages API: it takes chat requests, not "
                                  f"{path}", code="unsupported_operation")
         return orjson.dumps(to_messages(adapted, cfg.max_output_tokens))
+
+    async def _place(self, pool: str, members: list[Upstream], model: str, balancer: Balancer | None,
+                     affinity: AffinityKey | None) -> AffinityKey | None:
+        """`affinity` with the member the placement table names for its session's turn (balanced pools)."""
+        if (affinity is None or affinity.session is None or balancer is None or self._placement is None
+                or not self._places_sessions(pool)):
+            return affinity
+        candidates = [u for u in members if u.serves(model) and u.breaker.allow()]
+        if not candidates:
+            return affinity
+        allowed = {id(u) for u in balancer.within_bound(candidates)}
+        order = balancer.preference(candidates, affinity.session)
+        placed = await self._placement.place(pool, affinity.session, [(u.name, id(u) in allowed) for u in order],
+                                             self._pools[pool].session_ttl_s)
+        if placed is None:
+            return affinity
+        if placed.moved:
+            balancer.moves += 1
+        return replace(affinity, placed=placed.member)
 
     async def _attempt(
         self,

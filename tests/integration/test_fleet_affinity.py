@@ -1,11 +1,15 @@
 """Two gateway replicas over one pool of servers that report their load (llama.cpp's /metrics): a
 session's turns, sent through either replica in turn, meet on one member; a member over the load
-bound for both moves its sessions to the same next member on both, and takes them back when it is
-within the bound again."""
+bound for both moves its sessions to the same next member on both. Without a shared store
+(`session_placement: rendezvous`) the sessions walk their hash ranking and go back when the member is
+within the bound again; with the shared placement table (`state.backend: redis`, the default
+`balanced`) the sessions are spread evenly and a move is kept by both replicas."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import Any
 
 import httpx
 
@@ -52,21 +56,30 @@ def wait_for_readings(replicas: list[RunningApp], requests: dict[str, int]) -> N
         time.sleep(0.05)
 
 
-def test_two_gateway_replicas_keep_each_session_on_one_member_of_one_pool(bg, make_gateway, tmp_path):
+def _fleet(bg, make_gateway, tmp_path, **settings: Any) -> tuple[list[Recorder], list[RunningApp]]:
     recs = [Recorder(metrics=llama_metrics(0, 0)) for _ in range(3)]
     apps = [RunningApp(bg, fault_app("ok", rec, text="ok")) for rec in recs]
     upstreams = [upstream_cfg(f"gpu{i}", app.url + "/v1", models=["m"], metrics_url=app.url + "/metrics",
                               metrics_interval_s=0.5) for i, app in enumerate(apps)]
-    replicas = [make_gateway(upstreams=upstreams, state_dir=str(tmp_path / f"replica{r}")) for r in range(2)]
+    return recs, [make_gateway(upstreams=upstreams, state_dir=str(tmp_path / f"replica{r}"), **settings)
+                  for r in range(2)]
+
+
+def _ask(replicas: list[RunningApp], s: int, n: int) -> str:
+    gw = replicas[(s + n) % 2]  # a session's turns alternate between the replicas
+    r = httpx.post(gw.url + "/v1/chat/completions", json=turn(s, n), headers={"x-tierlane-session": f"agent-{s}"},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    return r.headers["x-tierlane-upstream"]
+
+
+def test_two_gateway_replicas_keep_each_session_on_one_member_of_one_pool(bg, make_gateway, tmp_path):
+    recs, replicas = _fleet(bg, make_gateway, tmp_path, pools={"default": {"session_placement": "rendezvous"}})
     idle = {f"gpu{i}": 0 for i in range(3)}
     wait_for_readings(replicas, idle)
 
     def ask(s: int, n: int) -> str:
-        gw = replicas[(s + n) % 2]  # a session's turns alternate between the replicas
-        r = httpx.post(gw.url + "/v1/chat/completions", json=turn(s, n), headers={"x-tierlane-session": f"agent-{s}"},
-                       timeout=30)
-        assert r.status_code == 200, r.text
-        return r.headers["x-tierlane-upstream"]
+        return _ask(replicas, s, n)
 
     homes: dict[int, str] = {}
     for n in range(1, 5):
@@ -90,3 +103,34 @@ def test_two_gateway_replicas_keep_each_session_on_one_member_of_one_pool(bg, ma
     for n in range(8, 10):
         for s in range(SESSIONS):
             assert ask(s, n) == homes[s], (s, n)
+
+
+def test_two_replicas_sharing_the_placement_table_spread_sessions_evenly_and_keep_a_move(bg, make_gateway, tmp_path,
+                                                                                         valkey):
+    recs, replicas = _fleet(bg, make_gateway, tmp_path, state={"backend": "redis", "url": valkey.url,
+                                                                "op_timeout_ms": 1000})
+    idle = {f"gpu{i}": 0 for i in range(3)}
+    wait_for_readings(replicas, idle)
+    homes: dict[int, str] = {}
+    for n in range(1, 4):
+        for s in range(SESSIONS):
+            where = _ask(replicas, s, n)
+            assert homes.setdefault(s, where) == where, (s, n, where, homes[s])
+    assert sorted(Counter(homes.values()).values()) == [3, 3, 3]  # the fewest sessions first: even
+    busy = homes[0]
+    recs[int(busy[-1])].metrics = llama_metrics(6, 4)  # over the bound, as every replica reads it
+    wait_for_readings(replicas, {**idle, busy: 10})
+    moved: dict[int, str] = {}
+    for n in range(4, 6):
+        for s in range(SESSIONS):
+            where = _ask(replicas, s, n)
+            if homes[s] == busy:
+                assert where != busy and moved.setdefault(s, where) == where, (s, n, where)
+            else:
+                assert where == homes[s], (s, n, where)
+    assert len(moved) == 3
+    recs[int(busy[-1])].metrics = llama_metrics(0, 0)  # within the bound again: the moves are kept, on both
+    wait_for_readings(replicas, idle)
+    for n in range(6, 8):
+        for s in range(SESSIONS):
+            assert _ask(replicas, s, n) == moved.get(s, homes[s]), (s, n)

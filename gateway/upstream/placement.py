@@ -1,0 +1,145 @@
+"""Which member a session is placed on: the one with the fewest live sessions at its first turn, kept after.
+
+A session walking its rendezvous ranking (affinity.py) lands on the same member from every replica
+without anything shared, but the hash does not balance a few sessions: twelve agent sessions on
+three llama.cpp servers put 27, 24 and 4 of 55 requests on the members (bench/prefix_affinity.py),
+and a server holding six conversations in a KV cache sized for four evicts them in turn, so later
+turns prefill again behind each other. Here a session's first turn goes to the member with the
+fewest sessions used within `session_ttl_s` (then the least loaded, then its ranking), and every
+later turn goes where the table says, as long as that member takes requests and is within the
+load bound; otherwise it is placed again the same way and the move is written down, so the turns
+after it follow it instead of going back.
+
+The table is this process's own (`LocalPlacement`) or, with `state.backend: redis`, one table for
+every replica in Redis/Valkey (`SharedPlacement`: one script call per request, placing atomically,
+so two replicas placing one new session at once agree). Several replicas without the shared store
+would each keep their own table and part a session's turns between members: that deployment takes
+`session_placement: rendezvous` (no table, agreement by hash). A store that does not answer within
+`state.op_timeout_ms` leaves the request to the rendezvous walk, never waiting longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+from gateway.upstream.affinity import SessionKey
+
+log = logging.getLogger("tierlane.upstream")
+
+
+class Placed(NamedTuple):
+    member: str
+    moved: bool  # the session was on another member before
+
+
+class Placement(Protocol):
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+                    ttl_s: float) -> Placed | None:
+        """The member of `candidates` ((name, may take it now) in order of preference) for the session's turn."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def session_id(session: SessionKey) -> str:
+    """A session's id in the table: a digest of (tenant, name) as a structure (no two keys collide, no name stored)."""
+    return hashlib.blake2b(orjson.dumps(["session", session.tenant, session.name]), digest_size=16).hexdigest()
+
+
+@dataclass
+class LocalPlacement:
+    """The table in this process: for one replica (or replicas that each serve whole sessions)."""
+
+    clock: Callable[[], float] = time.monotonic
+    _home: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # (pool, session) -> (member, last use)
+    _members: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # (pool, member) -> session -> last use
+
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+                    ttl_s: float) -> Placed | None:
+        return self.place_now(pool, session_id(session), candidates, ttl_s)
+
+    def place_now(self, pool: str, sid: str, candidates: Sequence[tuple[str, bool]], ttl_s: float) -> Placed | None:
+        now = self.clock()
+        home = self._home.get((pool, sid))
+        current = home[0] if home is not None and now - home[1] <= ttl_s else None
+        allowed = [name for name, may in candidates if may]
+        if current is not None and current in allowed:
+            pick, moved = current, False
+        else:
+            if not allowed:
+                return None
+            pick = min(allowed, key=lambda name: (self._live(pool, name, now, ttl_s), allowed.index(name)))
+            moved = current is not None
+            if current is not None:
+                self._members.get((pool, current), {}).pop(sid, None)
+        self._home[(pool, sid)] = (pick, now)
+        self._members.setdefault((pool, pick), {})[sid] = now
+        if len(self._home) > 4 * sum(len(s) for s in self._members.values()) + 1024:
+            self._forget_expired(now, ttl_s)
+        return Placed(pick, moved)
+
+    def _live(self, pool: str, member: str, now: float, ttl_s: float) -> int:
+        sessions = self._members.get((pool, member))
+        if not sessions:
+            return 0
+        for sid in [s for s, last in sessions.items() if now - last > ttl_s]:
+            del sessions[sid]
+        return len(sessions)
+
+    def _forget_expired(self, now: float, ttl_s: float) -> None:
+        for key in [k for k, (_, last) in self._home.items() if now - last > ttl_s]:
+            del self._home[key]
+
+    async def close(self) -> None:
+        return None
+
+
+_SCRIPT = (resources.files("policies.shared_state") / "lua" / "place_session.lua").read_text("utf-8")
+
+
+class SharedPlacement:
+    """The table in Redis/Valkey, one for every replica: placed by one script, atomically."""
+
+    def __init__(self, url: str, *, key_prefix: str, connect_timeout_s: float, op_timeout_s: float) -> None:
+        from policies.shared_state.redis_mux import MuxClient  # redis is imported only when configured
+
+        self._client = MuxClient(url, connect_timeout_s=connect_timeout_s, stale_after_s=max(1.0, 10 * op_timeout_s))
+        self._script = self._client.script(_SCRIPT)
+        self._prefix = key_prefix
+        self._timeout = op_timeout_s
+        self.failures = 0  # calls the store did not answer in time (the walk placed those turns)
+        self._logged_at = 0.0
+
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+                    ttl_s: float) -> Placed | None:
+        sid = session_id(session)
+        tag = f"{self._prefix}{{place:{pool}}}"  # one hash slot per pool: the script's keys meet in one slot
+        keys = [f"{tag}:s:{sid}", *(f"{tag}:m:{name}" for name, _ in candidates)]
+        args: list[Any] = [int(ttl_s * 1000), sid]
+        for name, may in candidates:
+            args += [name, "1" if may else "0"]
+        try:
+            reply = await asyncio.wait_for(self._script(keys, args), self._timeout)
+        except Exception as exc:  # noqa: BLE001 - any store failure leaves the turn to the walk
+            self.failures += 1
+            now = time.monotonic()
+            if now - self._logged_at > 10:
+                self._logged_at = now
+                log.warning("session placement store unavailable (%s): sessions walk their ranking meanwhile", exc)
+            return None
+        if not reply:
+            return None
+        member = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return Placed(member, bool(int(reply[1])))
+
+    async def close(self) -> None:
+        await self._client.close()

@@ -1,0 +1,186 @@
+"""Sessions placed on the member with the fewest live sessions and kept there: in one process, and in
+one table for every replica (Valkey), with the pool reading the table before it picks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from gateway.settings import Settings
+from gateway.upstream.affinity import AffinityKey, SessionKey, key_for
+from gateway.upstream.placement import LocalPlacement, SharedPlacement
+from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.server_load import ServerLoad
+from tests.support.config import upstream_cfg
+
+MEMBERS = ("gpu0", "gpu1", "gpu2")
+TURNS = [10, 8, 6, 5, 4, 4, 3, 3, 3, 3, 3, 3]  # the fleet bench's skewed session lengths
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _all(*allowed: bool) -> list[tuple[str, bool]]:
+    return [(name, may) for name, may in zip(MEMBERS, allowed or (True,) * len(MEMBERS), strict=True)]
+
+
+def test_new_sessions_go_to_the_member_with_the_fewest_and_stay_there():
+    table = LocalPlacement(clock=Clock())
+    homes: dict[int, str] = {}
+    for n in range(max(TURNS)):  # interleaved, as sessions run side by side
+        for s, turns in enumerate(TURNS):
+            if n < turns:
+                placed = table.place_now("p", f"s{s}", _all(), 300)
+                assert placed is not None and not placed.moved
+                assert homes.setdefault(s, placed.member) == placed.member, (s, n)
+    assert sorted(Counter(homes.values()).values()) == [4, 4, 4]
+
+
+def test_a_session_moved_off_a_member_over_the_bound_stays_where_it_was_moved():
+    table = LocalPlacement(clock=Clock())
+    first = {s: table.place_now("p", f"s{s}", _all(), 300) for s in range(6)}
+    assert sorted(Counter(p.member for p in first.values() if p).values()) == [2, 2, 2]
+    busy = first[0].member if first[0] else ""
+    over = [(name, name != busy) for name in MEMBERS]
+    moved = {s: table.place_now("p", f"s{s}", over, 300) for s in range(6)}
+    for s, placed in moved.items():
+        assert placed is not None
+        was = first[s]
+        assert was is not None
+        if was.member == busy:
+            assert placed.moved and placed.member != busy
+        else:
+            assert placed.member == was.member and not placed.moved
+    # the member is back within the bound: the moved sessions stay (their prefix is where they went)
+    for s in range(6):
+        again = table.place_now("p", f"s{s}", _all(), 300)
+        assert again is not None and again.member == moved[s].member and not again.moved  # type: ignore[union-attr]
+
+
+def test_a_member_down_moves_its_sessions_and_no_member_allowed_places_none():
+    table = LocalPlacement(clock=Clock())
+    placed = table.place_now("p", "s", _all(), 300)
+    assert placed is not None
+    rest = [(name, True) for name in MEMBERS if name != placed.member]  # its breaker is open: not a candidate
+    moved = table.place_now("p", "s", rest, 300)
+    assert moved is not None and moved.moved and moved.member != placed.member
+    assert table.place_now("p", "other", [(name, False) for name in MEMBERS], 300) is None
+
+
+def test_sessions_unused_past_the_ttl_no_longer_count_and_are_placed_afresh():
+    clock = Clock()
+    table = LocalPlacement(clock=clock)
+    old = [table.place_now("p", f"old{s}", _all(), 300) for s in range(3)]
+    assert sorted(p.member for p in old if p) == sorted(MEMBERS)
+    clock.now += 100
+    busy = table.place_now("p", "recent", _all(), 300)  # one member gets a second session
+    assert busy is not None
+    clock.now += 250  # the first three are past the TTL, the recent one is not
+    fresh = [table.place_now("p", f"new{s}", _all(), 300) for s in range(2)]
+    assert busy.member not in {p.member for p in fresh if p}
+    # pools are apart: the same session name in another pool is another session
+    elsewhere = table.place_now("q", "recent", _all(), 300)
+    assert elsewhere is not None and not elsewhere.moved
+
+
+# -- one table for every replica (Valkey) --------------------------------------------------------
+
+
+def test_two_replicas_sharing_the_table_agree_on_every_session_and_balance_them(valkey):
+    async def main() -> None:
+        replicas = [SharedPlacement(valkey.url, key_prefix="t:", connect_timeout_s=2, op_timeout_s=2) for _ in range(2)]
+        try:
+            homes: dict[int, str] = {}
+            for n in range(max(TURNS)):
+                for s, turns in enumerate(TURNS):
+                    if n < turns:
+                        placed = await replicas[(s + n) % 2].place("p", SessionKey("t", f"s{s}"), _all(), 300)
+                        assert placed is not None
+                        assert homes.setdefault(s, placed.member) == placed.member, (s, n)
+            assert sorted(Counter(homes.values()).values()) == [4, 4, 4]
+            # one new session placed by both replicas at the same moment: one placement wins, both read it
+            both = await asyncio.gather(*(r.place("p", SessionKey("t", "racing"), _all(), 300) for r in replicas))
+            assert both[0] is not None and both[1] is not None and both[0].member == both[1].member
+            # moved by one replica (its member over the bound): the other follows the move
+            busy = homes[0]
+            over = [(name, name != busy) for name in MEMBERS]
+            moved = await replicas[0].place("p", SessionKey("t", "s0"), over, 300)
+            assert moved is not None and moved.moved and moved.member != busy
+            after = await replicas[1].place("p", SessionKey("t", "s0"), _all(), 300)
+            assert after is not None and after.member == moved.member and not after.moved
+            # tenants are apart: another tenant's session of the same name is placed on its own
+            other = await replicas[1].place("p", SessionKey("u", "s0"), _all(), 300)
+            assert other is not None and not other.moved
+        finally:
+            for r in replicas:
+                await r.close()
+
+    asyncio.run(main())
+
+
+def test_a_store_that_does_not_answer_leaves_the_turn_to_the_walk(valkey):
+    async def main() -> None:
+        table = SharedPlacement(valkey.url, key_prefix="t:", connect_timeout_s=0.3, op_timeout_s=0.3)
+        try:
+            assert await table.place("p", SessionKey("t", "s"), _all(), 300) is not None
+            valkey.kill()
+            began = time.monotonic()
+            assert await table.place("p", SessionKey("t", "s"), _all(), 300) is None
+            assert table.failures == 1
+            assert time.monotonic() - began < 30  # a hang guard: bounded by the op timeout, not waited on
+        finally:
+            await table.close()
+
+    asyncio.run(main())
+
+
+# -- the pool reads the table before it picks ----------------------------------------------------
+
+
+def _pool(**pool: Any) -> UpstreamPool:
+    settings = Settings.load(env={}, overrides={
+        "upstreams": [upstream_cfg(name, f"http://127.0.0.1:{9 + i}/v1", models=["m"],
+                                   metrics_url=f"http://127.0.0.1:{9 + i}/metrics", metrics_interval_s=3600)
+                      for i, name in enumerate(MEMBERS)],
+        "pools": {"default": pool}})
+    return UpstreamPool(settings)
+
+
+def _turn(s: int, n: int) -> dict[str, object]:
+    messages: list[dict[str, str]] = [{"role": "system", "content": f"agent {s} " * 60}]
+    for i in range(n):
+        messages += [{"role": "user", "content": f"step {i} " * 40}, {"role": "assistant", "content": f"done {i} " * 40}]
+    return {"model": "m", "messages": [*messages, {"role": "user", "content": "next"}]}
+
+
+async def _send(pool: UpstreamPool, key: AffinityKey) -> str:
+    balancer = pool.balancer("default")
+    members = pool._by_pool["default"]
+    placed = await pool._place("default", members, "m", balancer, key)
+    chosen = pool._pick(members, "m", set(), (), balancer, placed)
+    assert chosen is not None
+    return chosen.name
+
+
+def test_a_balanced_pool_spreads_sessions_evenly_where_their_ranking_does_not():
+    async def spread(**pool: Any) -> list[int]:
+        replica = _pool(**pool)
+        for upstream in replica._by_pool["default"]:
+            upstream.server_load = ServerLoad(0, 0, None, time.monotonic())
+        homes: dict[int, str] = {}
+        for n in range(1, 4):
+            for s in range(12):
+                where = await _send(replica, key_for(_turn(s, n), f"session-{s}", tenant="t"))
+                assert homes.setdefault(s, where) == where, (s, n)
+        return sorted(Counter(homes.values()).values())
+
+    assert asyncio.run(spread()) == [4, 4, 4]
+    # the hash ranking of these twelve session names is uneven: what the table is for
+    assert asyncio.run(spread(session_placement="rendezvous")) != [4, 4, 4]
