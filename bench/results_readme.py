@@ -239,12 +239,46 @@ def render_agent_sessions(data: dict[str, Any]) -> list[str]:
                          _num(t["cached_read_share"]), _num(t["cache_write_tokens"]), _num(t.get("masked_tokens", 0)),
                          f"{t['tool_results_whole_first']}/{t['tool_results']}", t["broken_tool_pairs"], tiers or "–",
                          f"{_num(t['added_ms_p50'])} / {_num(t['added_ms_p99'])}"])
-    lines = [f"Recorded sessions of the real CLIs ({data.get('files_read')} files of this repository read, one call each; "
-             f"the long session reads more), replayed through the gateway to a provider that reads what it cached within "
-             f"{_num(data.get('ttl_s'))} s and writes the rest. {data.get('note', '')}.", ""]
-    return lines + _table(["configuration", "session", "billed USD", "/ pass-through", "cached-read share", "cache writes",
-                           "tokens masked", "tool results whole first", "broken pairs", "upstream calls by tier",
-                           "added p50 / p99 ms"], rows)
+    work = ("read, searched and edited" if data.get("script") == "mixed" else "read")
+    steps = "; ".join(f"{agent}: {r.get('reads')} reads, {r.get('searches')} searches, {r.get('edits_in_files')}/{r.get('edits')} "
+                      f"edits found in the files, {r.get('tool_results_marked_error')} tool results an error"
+                      for agent, r in (data.get("recording") or {}).items())
+    lines = [f"Recorded sessions of the real CLIs ({data.get('files_read')} files of this repository {work}, one call each; "
+             f"the long session takes more), replayed through the gateway to a provider that reads what it cached within "
+             f"{_num(data.get('ttl_s'))} s and writes the rest. {data.get('note', '')}." + (f" Recording: {steps}." if steps else ""), ""]
+    lines += _table(["configuration", "session", "billed USD", "/ pass-through", "cached-read share", "cache writes",
+                     "tokens masked", "tool results whole first", "broken pairs", "upstream calls by tier",
+                     "added p50 / p99 ms"], rows)
+    anthropic = data.get("anthropic_upstream") or {}
+    if anthropic.get("results"):
+        base = anthropic.get("base", "anthropic_chat_compat")
+        rows = []
+        for config, r in anthropic["results"].items():
+            for agent, t in r.items():
+                if not isinstance(t, dict) or ("billed_usd" not in t and "error" not in t):
+                    continue
+                if "error" in t:
+                    rows.append([config, agent, "failed: " + str(t["error"]).replace("|", "/")[:160], "–", "–", "–", "–", "–"])
+                    continue
+                apis = ", ".join(f"{k} {v}" for k, v in (t.get("upstream_requests_per_api") or {}).items() if v)
+                rows.append([config, agent, _num(t["billed_usd"]), _num(t.get(f"billed_vs_{base}")), _num(t["cached_read_share"]),
+                             _num(t.get("uncached_share")), apis or "–", f"{t['tool_results_whole_first']}/{t['tool_results']}"])
+        lines += ["", "To a provider billing the way Anthropic does (cache entries only at `cache_control` marks; its "
+                  "OpenAI-compatible chat endpoint caches nothing), through the shipped policy:", ""]
+        lines += _table(["configuration", "session", "billed USD", f"/ {base}", "cached-read share", "uncached share",
+                         "upstream calls by API", "tool results whole first"], rows)
+    floor = data.get("masking_floor") or {}
+    if floor:
+        rows = [[agent, f["model_calls"], _num(f["pass_through"]["usd"]), _num(f["oracle_mask"]["usd"]),
+                 _num(f["oracle_mask"]["vs_pass_through"]), _num(f["write_once"]["usd"]), _num(f["write_once"]["vs_pass_through"])]
+                for agent, f in floor.items()]
+        keep = next(iter(floor.values())).get("keep_last_calls")
+        lines += ["", f"The masking floor, from each recorded session itself (no gateway): the bill as sent; if every tool "
+                  f"result older than the last {keep} model calls cost nothing and dropping it wrote nothing (an oracle); "
+                  f"and if nothing already sent were read again (each new part written once):", ""]
+        lines += _table(["session", "model calls", "as sent USD", "oracle masking USD", "/ as sent", "written once USD",
+                         "/ as sent"], rows)
+    return lines
 
 
 def render_prefix_affinity(data: dict[str, Any]) -> list[str]:

@@ -2,8 +2,8 @@
 
 The real agents (Claude Code, Codex) need a model that calls their tools; the bundled SmolLM2
 does not do that reliably, so this server plays the model: on each turn it asks for the agent's
-own file-read or shell tool on the next file of its script, and once every tool result has come
-back it answers with what the tools returned. It speaks the chat-completions wire exactly (JSON
+own tool for the next step of its script (read a file, search a tree for a pattern, or replace one
+line of a file), and once every tool result has come back it answers with what the tools returned. It speaks the chat-completions wire exactly (JSON
 and SSE chunks with usage; the tests check it with the `openai` SDK), so the gateway in front of
 it is exercised as in front of any chat upstream. The agent itself runs the tools.
 """
@@ -11,11 +11,12 @@ it is exercised as in front of any chat upstream. The agent itself runs the tool
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from aiohttp import web
@@ -30,19 +31,62 @@ class Call:
     arguments: dict[str, Any]
 
 
-def tool_call_for(tools: Sequence[dict[str, Any]], path: str) -> Call | None:
-    """The call that reads `path` with a tool the agent offers (its own names and arguments)."""
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a script: read `path`; search `path` (a file or a tree) for `pattern`; or edit
+    `path`, replacing `old` (one line of it, found once) with `new`."""
+
+    path: str
+    kind: Literal["read", "search", "edit"] = "read"
+    pattern: str = ""
+    old: str = ""
+    new: str = ""
+
+
+def _patch(step: Step) -> str:
+    """Codex's apply_patch format: one line of `step.path` replaced."""
+    return f"*** Begin Patch\n*** Update File: {step.path}\n@@\n-{step.old}\n+{step.new}\n*** End Patch\n"
+
+
+def _replace_command(step: Step) -> str:
+    """A shell command that replaces `step.old` with `step.new` in `step.path` once."""
+    script = ("import pathlib,sys; p=pathlib.Path(sys.argv[1]); t=p.read_text(); "
+              "assert t.count(sys.argv[2])==1, 'not found once'; p.write_text(t.replace(sys.argv[2], sys.argv[3]))")
+    return shlex.join(["python3", "-c", script, step.path, step.old, step.new])
+
+
+def _shell_command(step: Step) -> str:
+    if step.kind == "search":
+        return shlex.join(["grep", "-rn", "--", step.pattern, step.path])
+    if step.kind == "edit":
+        return _replace_command(step)
+    return f"cat {step.path}"
+
+
+def tool_call_for(tools: Sequence[dict[str, Any]], step: str | Step) -> Call | None:
+    """The call that does `step` (a path: read it) with a tool the agent offers (its own names and arguments)."""
+    if isinstance(step, str):
+        step = Step(step)
     names = {str((t.get("function") or {}).get("name")) for t in tools if isinstance(t, dict)}
-    if "Read" in names:  # Claude Code
-        return Call("Read", {"file_path": path})
+    if step.kind == "search" and "Grep" in names:  # Claude Code, where it offers its search tool
+        return Call("Grep", {"pattern": step.pattern, "path": step.path, "output_mode": "content", "-n": True})
+    if step.kind == "edit" and "Edit" in names:  # Claude Code: the file must have been Read before
+        return Call("Edit", {"file_path": step.path, "old_string": step.old, "new_string": step.new})
+    if step.kind == "read" and "Read" in names:  # Claude Code
+        return Call("Read", {"file_path": step.path})
     if "exec_command" in names:  # Codex
-        return Call("exec_command", {"cmd": f"cat {path}"})
+        return Call("exec_command", {"cmd": _shell_command(step)})
     if "exec" in names:  # Codex's default model: one freeform tool that runs JavaScript over its nested tools
-        return Call("exec", {"input": f'const out = await tools.exec_command({{cmd: "cat {path}"}});\ntext(out);'})
+        if step.kind == "edit":
+            return Call("exec", {"input": f"const out = await tools.apply_patch({orjson.dumps(_patch(step)).decode()});\n"
+                                          "text(out);"})
+        command = orjson.dumps({"cmd": _shell_command(step)}).decode()
+        return Call("exec", {"input": f"const out = await tools.exec_command({command});\ntext(out);"})
     if "Bash" in names:
-        return Call("Bash", {"command": f"cat {path}", "description": "Read the file"})
+        return Call("Bash", {"command": _shell_command(step), "description": f"{step.kind.capitalize()} the file"})
     if "shell" in names:
-        return Call("shell", {"command": ["cat", path]})
+        return Call("shell", {"command": ["bash", "-c", _shell_command(step)]} if step.kind != "read"
+                    else {"command": ["cat", step.path]})
     return None
 
 
@@ -56,7 +100,7 @@ def _text(content: Any) -> str:
 
 @dataclass
 class AgentModel:
-    """The script: read each of `files` in turn, then answer with every tool output."""
+    """The script: read each of `files` in turn (or do each of `steps`), then answer with every tool output."""
 
     files: Sequence[str]
     delay_s: float = 0.0  # a model's thinking time per turn (the bench's fixed cost)
@@ -64,6 +108,11 @@ class AgentModel:
     requests: list[dict[str, Any]] = field(default_factory=list)
     content_types: list[str] = field(default_factory=list)  # the `content` types seen, by role
     raw: list[bytes] = field(default_factory=list)  # each request body as it came over the wire
+    steps: Sequence[Step] = ()  # the script, when it does more than read `files`
+
+    @property
+    def script(self) -> list[Step]:
+        return list(self.steps) or [Step(path) for path in self.files]
 
     def reply(self, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for one chat request."""
@@ -75,14 +124,15 @@ class AgentModel:
         last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
         done = sum(1 for m in messages[last_user + 1:] if m.get("role") == "tool")
         tools = body.get("tools") or []
-        if done < len(self.files) and tools:
-            call = tool_call_for(tools, self.files[done])
+        script = self.script
+        if done < len(script) and tools:
+            call = tool_call_for(tools, script[done])
             if call is not None:
                 tool_call = {"id": "call_" + uuid.uuid4().hex[:12], "type": "function",
                              "function": {"name": call.name, "arguments": orjson.dumps(call.arguments).decode()}}
                 return {"role": "assistant", "content": "", "tool_calls": [tool_call]}, "tool_calls"
         if results:
-            quoted = [r.strip()[:self.quote_chars] for r in results[-len(self.files):]]
+            quoted = [r.strip()[:self.quote_chars] for r in results[-len(script):]]
             return {"role": "assistant", "content": f"{ANSWER_PREFIX} " + " | ".join(quoted)}, "stop"
         return {"role": "assistant", "content": "OK."}, "stop"
 

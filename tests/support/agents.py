@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,10 @@ def codex_config(base_url: str, model: str | None = None) -> str:
 
 
 def run(agent: Agent, base_url: str, workdir: Path, home: Path, prompt: str, *, timeout: float = 180,
-        api_key: str = "tierlane-test-key", model: str | None = None) -> subprocess.CompletedProcess[str]:
-    """One non-interactive run of `agent` (its defaults) in `workdir`, against the gateway at `base_url`."""
+        api_key: str = "tierlane-test-key", model: str | None = None,
+        args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """One non-interactive run of `agent` (its defaults, then `args`: e.g. permissions) in `workdir`,
+    against the gateway at `base_url`."""
     home.mkdir(parents=True, exist_ok=True)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -115,13 +118,13 @@ def run(agent: Agent, base_url: str, workdir: Path, home: Path, prompt: str, *, 
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
         })
-        command = [str(install(agent)), "-p", prompt, *(["--model", model] if model else [])]
+        command = [str(install(agent)), "-p", prompt, *(["--model", model] if model else []), *args]
     else:
         codex_home = home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         (codex_home / "config.toml").write_text(codex_config(base_url, model))
         env.update({"CODEX_HOME": str(codex_home), "TIERLANE_API_KEY": api_key})
-        command = [str(install(agent)), "exec", "--skip-git-repo-check", prompt]
+        command = [str(install(agent)), "exec", "--skip-git-repo-check", *args, prompt]
     return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
