@@ -217,8 +217,8 @@ class Balancer:
         return [m for m in candidates if m.shared_load <= self.max_load_ratio * mean] or list(candidates)
 
     def preference(self, candidates: Sequence[Member], session: SessionKey) -> list[Member]:
-        """`candidates` in the order a new session is placed by, after the fewest live sessions: the least
-        loaded first (scraped load, then own outstanding), then the session's ranking."""
+        """`candidates` in the order a new session is placed by: the least loaded first (scraped load, then
+        own outstanding), then the session's ranking (placement.py breaks load ties by fewest sessions)."""
         ranked = ranking(session_anchor(session), candidates)
         position = {id(m): i for i, m in enumerate(ranked)}
         return sorted(candidates, key=lambda m: (m.shared_load, m.inflight, position[id(m)]))

@@ -1,14 +1,17 @@
-"""Which member a session is placed on: the one with the fewest live sessions at its first turn, kept after.
+"""Which member a session is placed on: the least loaded at its first turn, kept after.
 
 A session walking its rendezvous ranking (affinity.py) lands on the same member from every replica
 without anything shared, but the hash does not balance a few sessions: twelve agent sessions on
 three llama.cpp servers put 27, 24 and 4 of 55 requests on the members (bench/prefix_affinity.py),
 and a server holding six conversations in a KV cache sized for four evicts them in turn, so later
-turns prefill again behind each other. Here a session's first turn goes to the member with the
-fewest sessions used within `session_ttl_s` (then the least loaded, then its ranking), and every
-later turn goes where the table says, as long as that member takes requests and is within the
-load bound; otherwise it is placed again the same way and the move is written down, so the turns
-after it follow it instead of going back.
+turns prefill again behind each other. Here a session's first turn goes to the least loaded member
+(the scraped server load, then this replica's requests in flight: what least-outstanding would
+pick, so a first turn, which finds nothing cached anywhere, waits no longer than there), ties
+broken by the fewest sessions used within `session_ttl_s`, then the session's ranking; every later
+turn goes where the table says, as long as that member takes requests and is within the load
+bound; otherwise it is placed again the same way and the move is written down, so the turns after
+it follow it instead of going back. (Fewest sessions first would count sessions that have ended
+until their TTL runs out and send new ones to a busy member.)
 
 The table is this process's own (`LocalPlacement`) or, with `state.backend: redis`, one table for
 every replica in Redis/Valkey (`SharedPlacement`: one script call per request, placing atomically,
@@ -36,15 +39,25 @@ from gateway.upstream.affinity import SessionKey
 log = logging.getLogger("tierlane.upstream")
 
 
+class Candidate(NamedTuple):
+    """A member a session may be placed on, as the pool sees it now."""
+
+    name: str
+    may: bool  # takes requests and is within the load bound
+    level: int = 0  # its load rank among the candidates (0: the least loaded)
+
+
 class Placed(NamedTuple):
     member: str
     moved: bool  # the session was on another member before
 
 
 class Placement(Protocol):
-    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[Candidate],
                     ttl_s: float) -> Placed | None:
-        """The member of `candidates` ((name, may take it now) in order of preference) for the session's turn."""
+        """The member of `candidates` (in order of preference) for the session's turn: where it was placed while
+        that member may take it; else (a new session, or a move) the least loaded, then the one with the fewest
+        live sessions, then the first in order."""
         ...
 
     async def close(self) -> None: ...
@@ -63,21 +76,21 @@ class LocalPlacement:
     _home: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # (pool, session) -> (member, last use)
     _members: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # (pool, member) -> session -> last use
 
-    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[Candidate],
                     ttl_s: float) -> Placed | None:
         return self.place_now(pool, session_id(session), candidates, ttl_s)
 
-    def place_now(self, pool: str, sid: str, candidates: Sequence[tuple[str, bool]], ttl_s: float) -> Placed | None:
+    def place_now(self, pool: str, sid: str, candidates: Sequence[Candidate], ttl_s: float) -> Placed | None:
         now = self.clock()
         home = self._home.get((pool, sid))
         current = home[0] if home is not None and now - home[1] <= ttl_s else None
-        allowed = [name for name, may in candidates if may]
-        if current is not None and current in allowed:
+        allowed = [c for c in candidates if c.may]
+        if current is not None and any(c.name == current for c in allowed):
             pick, moved = current, False
         else:
             if not allowed:
                 return None
-            pick = min(allowed, key=lambda name: (self._live(pool, name, now, ttl_s), allowed.index(name)))
+            pick = min(enumerate(allowed), key=lambda ic: (ic[1].level, self._live(pool, ic[1].name, now, ttl_s), ic[0]))[1].name
             moved = current is not None
             if current is not None:
                 self._members.get((pool, current), {}).pop(sid, None)
@@ -119,14 +132,14 @@ class SharedPlacement:
         self.failures = 0  # calls the store did not answer in time (the walk placed those turns)
         self._logged_at = 0.0
 
-    async def place(self, pool: str, session: SessionKey, candidates: Sequence[tuple[str, bool]],
+    async def place(self, pool: str, session: SessionKey, candidates: Sequence[Candidate],
                     ttl_s: float) -> Placed | None:
         sid = session_id(session)
         tag = f"{self._prefix}{{place:{pool}}}"  # one hash slot per pool: the script's keys meet in one slot
-        keys = [f"{tag}:s:{sid}", *(f"{tag}:m:{name}" for name, _ in candidates)]
+        keys = [f"{tag}:s:{sid}", *(f"{tag}:m:{c.name}" for c in candidates)]
         args: list[Any] = [int(ttl_s * 1000), sid]
-        for name, may in candidates:
-            args += [name, "1" if may else "0"]
+        for c in candidates:
+            args += [c.name, "1" if c.may else "0", c.level]
         try:
             reply = await asyncio.wait_for(self._script(keys, args), self._timeout)
         except Exception as exc:  # noqa: BLE001 - any store failure leaves the turn to the walk

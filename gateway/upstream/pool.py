@@ -29,7 +29,7 @@ from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
-from gateway.upstream.placement import LocalPlacement, Placement, SharedPlacement
+from gateway.upstream.placement import Candidate, LocalPlacement, Placement, SharedPlacement
 from gateway.upstream.server_load import ServerLoad, current, keep_scraping
 from gateway.upstream.to_messages import to_messages, with_version
 
@@ -531,8 +531,11 @@ class UpstreamPool:
             return affinity
         allowed = {id(u) for u in balancer.within_bound(candidates)}
         order = balancer.preference(candidates, affinity.session)
-        placed = await self._placement.place(pool, affinity.session, [(u.name, id(u) in allowed) for u in order],
-                                             self._pools[pool].session_ttl_s)
+        loads = sorted({(u.shared_load, u.inflight) for u in order})
+        placed = await self._placement.place(
+            pool, affinity.session,
+            [Candidate(u.name, id(u) in allowed, loads.index((u.shared_load, u.inflight))) for u in order],
+            self._pools[pool].session_ttl_s)
         if placed is None:
             return affinity
         if placed.moved:

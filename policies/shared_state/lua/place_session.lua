@@ -2,8 +2,10 @@
 -- KEYS[1]: the session's key (its member's name); KEYS[1+i]: candidate i's sorted set of sessions,
 -- scored by last use (server time, ms).
 -- ARGV[1]: how long a session counts after its last use (ms); ARGV[2]: the session's id;
--- ARGV[1+2i], ARGV[2+2i]: candidate i's name and '1' if it may take the session now ('0': over the
--- load bound), candidates in the caller's order of preference.
+-- ARGV[3i], ARGV[3i+1], ARGV[3i+2]: candidate i's name, '1' if it may take the session now ('0': over
+-- the load bound), and its load rank (0: the least loaded), candidates in the caller's order of preference.
+-- A session stays where it is while its member may take it; else it goes to the lowest load rank,
+-- then the fewest live sessions, then the first in order.
 -- Reply: {member, 1 if the session moved there from another member else 0}, or false (no candidate may).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -13,27 +15,30 @@ local cur = redis.call('GET', KEYS[1])
 local pick, moved = nil, 0
 if cur then
   for i = 1, n do
-    if ARGV[1 + 2 * i] == cur and ARGV[2 + 2 * i] == '1' then pick = i end
+    if ARGV[3 * i] == cur and ARGV[3 * i + 1] == '1' then pick = i end
   end
 end
 if not pick then
-  local fewest = nil
+  local best_level, fewest = nil, nil
   for i = 1, n do
-    if ARGV[2 + 2 * i] == '1' then
+    if ARGV[3 * i + 1] == '1' then
       redis.call('ZREMRANGEBYSCORE', KEYS[1 + i], '-inf', now - ttl)
+      local level = tonumber(ARGV[3 * i + 2])
       local count = redis.call('ZCARD', KEYS[1 + i])
-      if fewest == nil or count < fewest then fewest, pick = count, i end
+      if best_level == nil or level < best_level or (level == best_level and count < fewest) then
+        best_level, fewest, pick = level, count, i
+      end
     end
   end
   if not pick then return false end
   if cur then
     moved = 1
     for i = 1, n do
-      if ARGV[1 + 2 * i] == cur then redis.call('ZREM', KEYS[1 + i], sid) end
+      if ARGV[3 * i] == cur then redis.call('ZREM', KEYS[1 + i], sid) end
     end
   end
 end
-redis.call('SET', KEYS[1], ARGV[1 + 2 * pick], 'PX', ttl)
+redis.call('SET', KEYS[1], ARGV[3 * pick], 'PX', ttl)
 redis.call('ZADD', KEYS[1 + pick], now, sid)
 redis.call('PEXPIRE', KEYS[1 + pick], ttl)
-return {ARGV[1 + 2 * pick], moved}
+return {ARGV[3 * pick], moved}

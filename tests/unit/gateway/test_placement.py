@@ -1,5 +1,5 @@
-"""Sessions placed on the member with the fewest live sessions and kept there: in one process, and in
-one table for every replica (Valkey), with the pool reading the table before it picks."""
+"""Sessions placed on the least loaded member (ties: the fewest live sessions) and kept there: in one
+process, and in one table for every replica (Valkey), with the pool reading the table before it picks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.settings import Settings
 from gateway.upstream.affinity import AffinityKey, SessionKey, key_for
-from gateway.upstream.placement import LocalPlacement, SharedPlacement
+from gateway.upstream.placement import Candidate, LocalPlacement, SharedPlacement
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.server_load import ServerLoad
 from tests.support.config import upstream_cfg
@@ -27,8 +27,12 @@ class Clock:
         return self.now
 
 
-def _all(*allowed: bool) -> list[tuple[str, bool]]:
-    return [(name, may) for name, may in zip(MEMBERS, allowed or (True,) * len(MEMBERS), strict=True)]
+def _all(*allowed: bool) -> list[Candidate]:
+    return [Candidate(name, may) for name, may in zip(MEMBERS, allowed or (True,) * len(MEMBERS), strict=True)]
+
+
+def _loaded(*levels: int) -> list[Candidate]:
+    return [Candidate(name, True, level) for name, level in zip(MEMBERS, levels, strict=True)]
 
 
 def test_new_sessions_go_to_the_member_with_the_fewest_and_stay_there():
@@ -43,12 +47,28 @@ def test_new_sessions_go_to_the_member_with_the_fewest_and_stay_there():
     assert sorted(Counter(homes.values()).values()) == [4, 4, 4]
 
 
+def test_a_new_session_goes_to_the_least_loaded_member_however_many_sessions_it_holds():
+    table = LocalPlacement(clock=Clock())
+    for s in range(4):  # the others busy: gpu0 takes four sessions (ended by now, but within the TTL)
+        placed = table.place_now("p", f"old{s}", _loaded(0, 1, 1), 300)
+        assert placed is not None and placed.member == "gpu0"
+    # gpu0 is idle again, the others busy: a new session goes there (what least-outstanding picks)
+    fresh = table.place_now("p", "new", _loaded(0, 1, 1), 300)
+    assert fresh is not None and fresh.member == "gpu0"
+    # equal loads: the fewest sessions decide
+    tie = table.place_now("p", "tie", _loaded(0, 0, 0), 300)
+    assert tie is not None and tie.member != "gpu0"
+    # and a placed session stays put whatever the loads are now
+    again = table.place_now("p", "new", _loaded(2, 0, 0), 300)
+    assert again is not None and again.member == "gpu0" and not again.moved
+
+
 def test_a_session_moved_off_a_member_over_the_bound_stays_where_it_was_moved():
     table = LocalPlacement(clock=Clock())
     first = {s: table.place_now("p", f"s{s}", _all(), 300) for s in range(6)}
     assert sorted(Counter(p.member for p in first.values() if p).values()) == [2, 2, 2]
     busy = first[0].member if first[0] else ""
-    over = [(name, name != busy) for name in MEMBERS]
+    over = [Candidate(name, name != busy) for name in MEMBERS]
     moved = {s: table.place_now("p", f"s{s}", over, 300) for s in range(6)}
     for s, placed in moved.items():
         assert placed is not None
@@ -68,10 +88,10 @@ def test_a_member_down_moves_its_sessions_and_no_member_allowed_places_none():
     table = LocalPlacement(clock=Clock())
     placed = table.place_now("p", "s", _all(), 300)
     assert placed is not None
-    rest = [(name, True) for name in MEMBERS if name != placed.member]  # its breaker is open: not a candidate
+    rest = [Candidate(name, True) for name in MEMBERS if name != placed.member]  # its breaker is open: not a candidate
     moved = table.place_now("p", "s", rest, 300)
     assert moved is not None and moved.moved and moved.member != placed.member
-    assert table.place_now("p", "other", [(name, False) for name in MEMBERS], 300) is None
+    assert table.place_now("p", "other", [Candidate(name, False) for name in MEMBERS], 300) is None
 
 
 def test_sessions_unused_past_the_ttl_no_longer_count_and_are_placed_afresh():
@@ -110,11 +130,16 @@ def test_two_replicas_sharing_the_table_agree_on_every_session_and_balance_them(
             assert both[0] is not None and both[1] is not None and both[0].member == both[1].member
             # moved by one replica (its member over the bound): the other follows the move
             busy = homes[0]
-            over = [(name, name != busy) for name in MEMBERS]
+            over = [Candidate(name, name != busy) for name in MEMBERS]
             moved = await replicas[0].place("p", SessionKey("t", "s0"), over, 300)
             assert moved is not None and moved.moved and moved.member != busy
             after = await replicas[1].place("p", SessionKey("t", "s0"), _all(), 300)
             assert after is not None and after.member == moved.member and not after.moved
+            # a new session goes to the least loaded member, whatever the session counts
+            for member in MEMBERS:
+                levels = [0 if name == member else 1 for name in MEMBERS]
+                light = await replicas[1].place("p", SessionKey("t", f"light-{member}"), _loaded(*levels), 300)
+                assert light is not None and light.member == member
             # tenants are apart: another tenant's session of the same name is placed on its own
             other = await replicas[1].place("p", SessionKey("u", "s0"), _all(), 300)
             assert other is not None and not other.moved
