@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from bench.pricing_upstream import ANSWER, usd
+from gateway.upstream.to_messages import unmarked
 from policies.trim.messages import estimate_tokens
 
 MODEL_CALLS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
@@ -30,15 +31,6 @@ RESULT_ITEMS = ("function_call_output", "custom_tool_call_output")
 
 def _tokens(value: Any) -> int:
     return estimate_tokens(orjson.dumps(value).decode())
-
-
-def unmarked(value: Any) -> Any:
-    """`value` without its `cache_control` marks (Claude Code moves them each turn; a prefix is the same prompt without them)."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
 
 
 def parts(body: dict[str, Any]) -> list[tuple[bytes, int, dict[str, int]]]:

@@ -168,21 +168,11 @@ def _text(text: Any, where: str) -> list[dict[str, Any]]:
 
 def _text_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     """A system message's content as text blocks."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return _text(content, where)
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{where} must be a string or a list of parts", param=where)
-    blocks: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise _refuse(f"{where}[{j}]", "a system message may hold only text here")
-        blocks += _text(part.get("text"), f"{where}[{j}].text")
-    return blocks
+    return _user_blocks(content, where, images=False)
 
 
-def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_blocks(content: Any, where: str, images: bool = True) -> list[dict[str, Any]]:
+    """A message's content as text blocks, and image blocks where `images`."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -194,8 +184,10 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             blocks += _text(part.get("text"), f"{where}[{j}].text")
-        elif kind == "image_url":
+        elif kind == "image_url" and images:
             blocks.append(_image(part.get("image_url"), f"{where}[{j}].image_url"))
+        elif not images:
+            raise _refuse(f"{where}[{j}]", "a system message may hold only text here")
         else:
             raise _refuse(f"{where}[{j}]", f"content of type {kind!r} is not supported here")
     return blocks
@@ -328,14 +320,29 @@ def place_breakpoints(request: dict[str, Any]) -> None:
         block["cache_control"] = dict(EPHEMERAL)
 
 
-def _blocks(request: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every block a mark may sit on: tools, system blocks, message content blocks."""
-    blocks: list[dict[str, Any]] = [*(request.get("tools") or ()), *(request.get("system") or ())]
-    for message in request.get("messages") or ():
-        blocks += message.get("content") or ()
-    return blocks
+def marked(request: Mapping[str, Any]) -> list[str]:
+    """Where a Messages request's cache marks are, as paths (`tools[1]`, `system[0]`, `messages[4][1]`)."""
+    out = [f"tools[{i}]" for i, t in enumerate(request.get("tools") or ()) if "cache_control" in t]
+    system = request.get("system")
+    if isinstance(system, list):
+        out += [f"system[{i}]" for i, b in enumerate(system) if isinstance(b, dict) and "cache_control" in b]
+    for i, message in enumerate(request.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            out += [f"messages[{i}][{j}]" for j, b in enumerate(content) if isinstance(b, dict) and "cache_control" in b]
+    return out
 
 
 def breakpoints(request: Mapping[str, Any]) -> int:
     """How many blocks of a Messages request carry a cache mark."""
-    return sum(1 for block in _blocks(request) if isinstance(block, dict) and "cache_control" in block)
+    return len(marked(request))
+
+
+def unmarked(value: Any) -> Any:
+    """`value` without its `cache_control` keys: the request as Anthropic's cache keys it (the marks
+    say only where to look up and write)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.upstream.to_messages import marked, unmarked
 from tests.integration.test_agents import ALIASES
 from tests.support import agents
 from tests.support.agent_model import MODEL, AgentModel
@@ -59,24 +60,6 @@ def first_divergence(before: dict[str, Any], after: dict[str, Any]) -> str | Non
     return None
 
 
-def unmarked(value: Any) -> Any:
-    """`value` without its `cache_control` keys (the breakpoints the gateway moves from turn to turn)."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
-
-
-def breakpoints(body: dict[str, Any]) -> list[str]:
-    """Where a Messages body's cache marks are."""
-    out = [f"tools[{i}]" for i, t in enumerate(body.get("tools") or ()) if "cache_control" in t]
-    out += [f"system[{i}]" for i, b in enumerate(body.get("system") or ()) if "cache_control" in b]
-    for i, message in enumerate(body["messages"]):
-        out += [f"messages[{i}][{j}]" for j, b in enumerate(message["content"]) if "cache_control" in b]
-    return out
-
-
 @pytest.mark.parametrize(("agent", "model", "wire"), [(agents.CLAUDE, None, "chat"), (agents.CODEX, None, "chat"),
                                                      (agents.CODEX, agents.CODEX_TOOLS_MODEL, "chat"),
                                                      (agents.CODEX, None, "messages"),
@@ -103,7 +86,7 @@ def test_each_turn_extends_the_last_byte_for_byte(bg, make_gateway, tmp_path: Pa
     assert len(loop) >= len(FILES) + 1, len(loop)
     if wire == "messages":
         for body in bodies:
-            marks = breakpoints(body)
+            marks = marked(body)
             last = f"messages[{len(body['messages']) - 1}][{len(body['messages'][-1]['content']) - 1}]"
             assert len(marks) <= 4 and last in marks, marks
         loop = [unmarked(body) for body in loop]

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.settings import UpstreamSettings
-from gateway.upstream.to_messages import DEFAULT_MAX_TOKENS, breakpoints, to_messages, with_version
+from gateway.upstream.to_messages import DEFAULT_MAX_TOKENS, breakpoints, marked, to_messages, unmarked, with_version
 
 MARK = {"type": "ephemeral"}
 TOOLS = [
@@ -17,24 +17,6 @@ TOOLS = [
                                       "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
     {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}},
 ]
-
-
-def unmarked(value: Any) -> Any:
-    """`value` without any `cache_control` key: what the prefix comparison looks at."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [unmarked(v) for v in value]
-    return value
-
-
-def marked(request: dict[str, Any]) -> list[str]:
-    """Where the marks are, as paths."""
-    out = [f"tools[{i}]" for i, t in enumerate(request.get("tools") or ()) if "cache_control" in t]
-    out += [f"system[{i}]" for i, b in enumerate(request.get("system") or ()) if "cache_control" in b]
-    for i, message in enumerate(request["messages"]):
-        out += [f"messages[{i}][{j}]" for j, b in enumerate(message["content"]) if "cache_control" in b]
-    return out
 
 
 def turn(n: int) -> list[dict[str, Any]]:
