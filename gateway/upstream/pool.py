@@ -170,6 +170,18 @@ class UpstreamReply:
             self._pool = None
 
 
+def _key_headers(cfg: UpstreamSettings, path: str) -> dict[str, str]:
+    """How the member's own key goes: a member without chat (api.anthropic.com) takes it in
+    `x-api-key` alone (Anthropic reads a Bearer token as OAuth and refuses an API key there); a chat
+    member takes Bearer, and on its /messages (vLLM) the same key in `x-api-key` too."""
+    assert cfg.api_key
+    if "chat" not in cfg.apis:
+        return {"x-api-key": cfg.api_key}
+    if path == "/messages":
+        return {"Authorization": f"Bearer {cfg.api_key}", "x-api-key": cfg.api_key}
+    return {"Authorization": f"Bearer {cfg.api_key}"}
+
+
 class UpstreamPool:
     """Every configured upstream, by pool; `send` picks one, retries and falls back."""
 
@@ -244,9 +256,9 @@ class UpstreamPool:
     async def _discover(self, upstream: Upstream) -> None:
         """Ask a wildcard upstream which models it serves, so `auto` has a name to send it."""
         assert upstream.session is not None
-        headers = {"Authorization": f"Bearer {upstream.settings.api_key}"} if upstream.settings.api_key else {}
-        if upstream.settings.api_key and "chat" not in upstream.settings.apis:  # Anthropic's own headers
-            headers.update(with_version({"x-api-key": upstream.settings.api_key}))
+        headers = _key_headers(upstream.settings, "/models") if upstream.settings.api_key else {}
+        if "chat" not in upstream.settings.apis:
+            headers = with_version(headers)
         try:
             async with upstream.session.get(
                 upstream.settings.base_url + "/models", headers=headers, timeout=aiohttp.ClientTimeout(total=3)
@@ -559,9 +571,7 @@ class UpstreamPool:
         if cfg.pass_client_auth and client_authorization:
             out_headers["Authorization"] = client_authorization
         elif cfg.api_key:
-            out_headers["Authorization"] = f"Bearer {cfg.api_key}"
-            if path == "/messages":
-                out_headers["x-api-key"] = cfg.api_key  # Anthropic's own header for the same key
+            out_headers.update(_key_headers(cfg, path))
         upstream.inflight += 1
         reply = UpstreamReply(upstream=upstream, status=0, sent_at=time.monotonic(), _pool=self)
         upstream.sent_at.append(reply.sent_at)

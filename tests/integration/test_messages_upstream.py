@@ -16,6 +16,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.upstream.to_messages import marked
 from tests.support.anthropic_upstream import TEXT, TOOL_INPUT, TOOL_USE_ID, anthropic_app
 from tests.support.background import RunningApp
 from tests.support.config import upstream_cfg
@@ -27,14 +28,6 @@ USAGE = {"input_tokens": 11, "output_tokens": 5, "cache_read_input_tokens": 400,
 TOOL = {"type": "function", "function": {"name": "weather", "description": "The weather in a city.",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 MARK = {"type": "ephemeral"}
-
-
-def marks(body: dict[str, Any]) -> list[str]:
-    out = [f"tools[{i}]" for i, t in enumerate(body.get("tools") or ()) if "cache_control" in t]
-    out += [f"system[{i}]" for i, b in enumerate(body.get("system") or ()) if "cache_control" in b]
-    for i, message in enumerate(body["messages"]):
-        out += [f"messages[{i}][{j}]" for j, b in enumerate(message["content"]) if "cache_control" in b]
-    return out
 
 
 @pytest.fixture
@@ -74,6 +67,7 @@ def test_chat_client_json_and_stream_with_breakpoints_and_cache_usage(claude, tm
     rec = claude.rec
     sent, headers = rec.bodies[-1], rec.headers[-1]
     assert headers["x-api-key"] == "upstream-secret" and headers["anthropic-version"] == "2023-06-01"
+    assert "Authorization" not in headers  # Anthropic reads a Bearer token as OAuth and refuses an API key there
     assert sent == {"model": "claude-x", "max_tokens": 4096,
                     "system": [{"type": "text", "text": "Be brief.", "cache_control": MARK}],
                     "messages": [{"role": "user", "content": [{"type": "text", "text": "Capital of France?",
@@ -85,7 +79,7 @@ def test_chat_client_json_and_stream_with_breakpoints_and_cache_usage(claude, tm
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 481
-    assert rec.bodies[-1]["stream"] is True and marks(rec.bodies[-1]) == ["system[0]", "messages[0][0]"]
+    assert rec.bodies[-1]["stream"] is True and marked(rec.bodies[-1]) == ["system[0]", "messages[0][0]"]
     quiet = list(client.chat.completions.create(model="claude-x", messages=messages, stream=True))
     assert all(c.usage is None for c in quiet) and "".join(c.choices[0].delta.content or "" for c in quiet) == TEXT
     assert ledger(tmp_path, claude) == [("chat", 0, 481, 5, 400, 70), ("chat", 1, 481, 5, 400, 70),
@@ -125,7 +119,7 @@ def test_chat_tool_round_trip(claude, stream):
     assert turn["messages"][2] == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": TOOL_USE_ID, "content": "sunny", "cache_control": MARK}]}
     # the last tool, the conversation's end, and where the previous request ended (its cached prefix)
-    assert marks(turn) == ["tools[0]", "messages[0][0]", "messages[2][0]"]
+    assert marked(turn) == ["tools[0]", "messages[0][0]", "messages[2][0]"]
     messages[1]["tool_calls"][0]["function"]["arguments"] = '{"city": '
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(messages=messages, **kw)  # type: ignore[call-overload]
@@ -148,7 +142,7 @@ def test_responses_client_json_and_stream(claude, tmp_path):
         final = stream.get_final_response()
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert final.output_text == TEXT and final.usage is not None and final.usage.output_tokens == 5
-    assert claude.rec.bodies[-1]["stream"] is True and marks(claude.rec.bodies[-1]) == ["system[0]", "messages[0][0]"]
+    assert claude.rec.bodies[-1]["stream"] is True and marked(claude.rec.bodies[-1]) == ["system[0]", "messages[0][0]"]
     tools = [{"type": "function", "name": "weather", "parameters": TOOL["function"]["parameters"]}]
     called = client.responses.create(**{**kw, "tools": tools})
     (call,) = [item for item in called.output if item.type == "function_call"]
