@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gateway.apis.native import MESSAGES
 from gateway.context import Outcome, RequestContext
 from gateway.lanes import AUTO
 from gateway.pipeline.cache_lookup import bound_scope
@@ -430,6 +431,10 @@ class ShadowHook:
             await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,
                              cost=0.0, status=502, started=started)  # fmt: skip
             raise
+        if reply.api == "messages" and not reply.native and reply.status == 200 and isinstance(reply.body, dict):
+            # a member without chat answered in Messages' shape: judged and billed as the chat answer it stands for
+            translated = MESSAGES.usage(reply.body.get("usage"))
+            reply.body = {**MESSAGES.chat(reply.body), "usage": translated.to_openai() if translated else {}}
         usage = (reply.body.get("usage") if isinstance(reply.body, dict) else None) or {}
         tokens_in, tokens_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         spent = self._price(model, pool_name, tokens_in, tokens_out)

@@ -61,7 +61,18 @@ class FakePool:
         if self.hold is not None:
             await self.hold.wait()
         answer = {**chat_answer(self.text), "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}
-        return SimpleNamespace(status=200, body=answer)
+        return SimpleNamespace(status=200, body=answer, api="chat", native=False)
+
+
+class MessagesPool(FakePool):
+    """A pool whose members serve only Anthropic's Messages API: the answer comes in its shape."""
+
+    async def send(self, pool: str, path: str, body: dict[str, Any], **_: Any) -> Any:
+        self.sent.append(body)
+        answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": "big-70b",
+                  "content": [{"type": "text", "text": self.text}], "stop_reason": "end_turn",
+                  "usage": {"input_tokens": 1000, "output_tokens": 500, "cache_read_input_tokens": 0}}
+        return SimpleNamespace(status=200, body=answer, api="messages", native=False)
 
 
 class FakeQuality:
@@ -320,7 +331,8 @@ class ToolPool(FakePool):
 
     async def send(self, pool: str, path: str, body: dict[str, Any], **_: Any) -> Any:
         self.sent.append(body)
-        return SimpleNamespace(status=200, body={**self.answer, "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+        return SimpleNamespace(status=200, body={**self.answer, "usage": {"prompt_tokens": 10, "completion_tokens": 5}},
+                               api="chat", native=False)
 
 
 class RecordingQuality(FakeQuality):
@@ -344,3 +356,18 @@ async def test_a_tool_call_answer_is_judged_by_its_calls(tmp_path: Path, theirs:
     await hook.on_complete(tiered("acme", 1), ours)
     await hook.drain()
     assert len(pool.sent) == 1 and quality.verdicts == [disagree] and hook.failed == 0
+
+
+async def test_a_re_ask_answered_in_messages_shape_is_judged_and_billed_like_a_chat_one(tmp_path: Path) -> None:
+    telemetry = await telemetry_at(tmp_path / "state")
+    try:
+        hook = hook_for(tmp_path, MessagesPool(), FakeClock(), telemetry=telemetry)
+        await hook.on_complete(tiered("acme", 1), answered())
+        await hook.drain()
+        await hook.close()
+        assert (hook.tier_judged, hook.failed) == (1, 0)  # 41 against 42: judged by its text, not failed
+        line = usage(telemetry)["_operator/acme"]
+        assert (line["judge_requests"], line["judge_input_tokens"], line["judge_output_tokens"]) == (1, 1000, 500)
+        assert line["judge_cost_usd"] == pytest.approx(1000 / 1000 * 10.0 + 500 / 1000 * 20.0)
+    finally:
+        await telemetry.close()
