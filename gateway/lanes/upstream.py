@@ -127,15 +127,21 @@ def _went_native(ctx: RequestContext) -> None:
         ctx.response_headers[TRIM_HEADER] = "none;native"
 
 
-def _whole_native(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> Answer:
+def _answered(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> dict[str, Any]:
+    """A whole answer in `api`'s shape, checked, its usage and first-token time taken."""
     if reply.status >= 400:
         raise _client_error(reply)
     if not isinstance(reply.body, dict):
         raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
     ctx.usage = api.usage(reply.body.get("usage"))
     ctx.first_token_at = time.perf_counter()
-    native = reply.body if ctx.client_model is None else {**reply.body, "model": ctx.client_model}
-    return Answer(lane="upstream", body=api.chat(reply.body), native=native)
+    return reply.body
+
+
+def _whole_native(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> Answer:
+    answer = _answered(ctx, reply, api)
+    native = answer if ctx.client_model is None else {**answer, "model": ctx.client_model}
+    return Answer(lane="upstream", body=api.chat(answer), native=native)
 
 
 async def _relay_native(ctx: RequestContext, reply: UpstreamReply, api: NativeApi) -> AsyncGenerator[dict[str, Any], None]:
@@ -176,13 +182,7 @@ def _chat_usage(usage: Usage) -> dict[str, Any]:
 
 def _whole_translated(ctx: RequestContext, reply: UpstreamReply) -> Answer:
     """A Messages answer to a chat request, as the chat completion."""
-    if reply.status >= 400:
-        raise _client_error(reply)
-    if not isinstance(reply.body, dict):
-        raise BadUpstreamResponse("the upstream answered with JSON that is not an object")
-    ctx.usage = MESSAGES.usage(reply.body.get("usage"))
-    ctx.first_token_at = time.perf_counter()
-    body = MESSAGES.chat(reply.body)
+    body = MESSAGES.chat(_answered(ctx, reply, MESSAGES))
     if ctx.usage is not None:
         body["usage"] = _chat_usage(ctx.usage)
     return Answer(lane="upstream", body=body, status=reply.status)
