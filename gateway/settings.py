@@ -201,7 +201,8 @@ class PoolSettings(_Strict):
         "load, the request being placed counted (consistent hashing with bounded loads)")
     session_placement: Literal["balanced", "rendezvous"] = Field(
         "balanced", description="where a session (x-tierlane-session, or the agent's own session header) goes: "
-        "balanced = at its first turn the least loaded member (ties: the fewest sessions used within session_ttl_s), kept after "
+        "balanced = at its first turn the member holding most of its prompt's prefix weighed against load, as without a session "
+        "(nothing matched: the least loaded; ties: the fewest sessions used within session_ttl_s), kept after "
         "(moved only off a member over the load bound or down, the move kept too); the table is shared by every "
         "replica with state.backend redis, else this process's own. rendezvous = the session's hash ranking, the "
         "same on every replica without a shared store (a few sessions spread unevenly)")

@@ -15,8 +15,10 @@ never matches what another tenant sent (the member named in `x-tierlane-upstream
 other tenants' prompts; a prefix two tenants share is no longer steered to one member for both).
 
 A session is keyed by (tenant, session name). In a pool with `session_placement: balanced` (the
-default) the pool first asks the placement table (placement.py) for the session's member: the one
-with the fewest live sessions at its first turn, kept after; the balancer sends the turn there.
+default) the pool first asks the placement table (placement.py) for the session's member: at its
+first turn the one `Balancer.preference` ranks first (the prompt's prefix weighed against load, as
+for a request without a session; ties: the fewest live sessions), kept after; the balancer sends
+the turn there.
 Without a table's answer (`session_placement: rendezvous`, or a shared store that did not answer in
 time) the session walks that key's rendezvous ranking of the members (vLLM production-stack's
 session mode, with the fallback order made explicit): it goes to the first member of the ranking
@@ -216,12 +218,28 @@ class Balancer:
         mean = (sum(m.shared_load for m in candidates) + 1) / len(candidates)
         return [m for m in candidates if m.shared_load <= self.max_load_ratio * mean] or list(candidates)
 
-    def preference(self, candidates: Sequence[Member], session: SessionKey) -> list[Member]:
-        """`candidates` in the order a new session is placed by: the least loaded first (scraped load, then
-        own outstanding), then the session's ranking (placement.py breaks load ties by fewest sessions)."""
-        ranked = ranking(session_anchor(session), candidates)
-        position = {id(m): i for i, m in enumerate(ranked)}
-        return sorted(candidates, key=lambda m: (m.shared_load, m.inflight, position[id(m)]))
+    def preference(self, candidates: Sequence[Member], key: AffinityKey) -> list[tuple[Member, tuple[float, int, int]]]:
+        """`candidates` in the order a session is placed by (its first turn, or a move off its member), each
+        with the rank it is placed by, lower first: in prefix_affinity mode the score a request without a
+        session is picked by (the share of the prompt's blocks sent to the member, less LOAD_WEIGHT x its
+        load relative to the busiest), then the load (scraped, then own outstanding). Equal ranks keep the
+        session's ranking's order; placement.py breaks them by the fewest live sessions.
+
+        NOTE: by load alone, a session's first turn went to an idle member that had never seen its tool
+        list while another member held it: measured on three llama.cpp servers (bench/prefix_affinity.py),
+        such a first turn prefilled 1,360 tokens in 17-26 s where one placed with its shared 880 cached
+        took 7 s, and first turns' p90 was 1.4x least-outstanding's, which finds the prefix by chance."""
+        ranked = ranking(session_anchor(key.session), candidates) if key.session is not None else list(candidates)
+        load = [(m.shared_load, m.inflight) for m in ranked]  # read once: shared_load counts recent sends
+        least = min(shared for shared, _ in load)
+        busiest = max(1, max(shared for shared, _ in load))
+        scored = []
+        for m, (shared, own) in zip(ranked, load, strict=True):
+            score = 0.0
+            if self.mode == "prefix_affinity" and key.blocks:
+                score = self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (shared - least) / busiest
+            scored.append((m, (-score, shared, own)))
+        return sorted(scored, key=lambda mr: mr[1])  # stable: ties stay in ranking order
 
     def choose(self, candidates: Sequence[Member], key: AffinityKey | None) -> Member:
         """The member for a request among `candidates` (non-empty: those with a closed breaker, not yet tried)."""

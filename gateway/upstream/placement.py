@@ -1,13 +1,15 @@
-"""Which member a session is placed on: the least loaded at its first turn, kept after.
+"""Which member a session is placed on: the best placed at its first turn (its prefix, then load), kept after.
 
 A session walking its rendezvous ranking (affinity.py) lands on the same member from every replica
 without anything shared, but the hash does not balance a few sessions: twelve agent sessions on
 three llama.cpp servers put 27, 24 and 4 of 55 requests on the members (bench/prefix_affinity.py),
 and a server holding six conversations in a KV cache sized for four evicts them in turn, so later
-turns prefill again behind each other. Here a session's first turn goes to the least loaded member
-(the scraped server load, then this replica's requests in flight: what least-outstanding would
-pick, so a first turn, which finds nothing cached anywhere, waits no longer than there), ties
-broken by the fewest sessions used within `session_ttl_s`, then the session's ranking; every later
+turns prefill again behind each other. Here a session's first turn goes to the member ranked first
+by the pool's balancer (Balancer.preference: in prefix_affinity mode the member already sent the
+most of its prompt, a tool list other sessions share, weighed against its load as a request without
+a session is; with nothing matched the least loaded, by the scraped server load, then this
+replica's requests in flight: what least-outstanding would pick), ties broken by the fewest
+sessions used within `session_ttl_s`, then the session's ranking; every later
 turn goes where the table says, as long as that member takes requests and is within the load
 bound; otherwise it is placed again the same way and the move is written down, so the turns after
 it follow it instead of going back. (Fewest sessions first would count sessions that have ended
@@ -44,7 +46,7 @@ class Candidate(NamedTuple):
 
     name: str
     may: bool  # takes requests and is within the load bound
-    level: int = 0  # its load rank among the candidates (0: the least loaded)
+    level: int = 0  # its rank among the candidates (0: the best placed: prefix held, then least loaded)
 
 
 class Placed(NamedTuple):
@@ -56,7 +58,7 @@ class Placement(Protocol):
     async def place(self, pool: str, session: SessionKey, candidates: Sequence[Candidate],
                     ttl_s: float) -> Placed | None:
         """The member of `candidates` (in order of preference) for the session's turn: where it was placed while
-        that member may take it; else (a new session, or a move) the least loaded, then the one with the fewest
+        that member may take it; else (a new session, or a move) the lowest level, then the one with the fewest
         live sessions, then the first in order."""
         ...
 

@@ -542,11 +542,10 @@ class UpstreamPool:
         if not candidates:
             return affinity
         allowed = {id(u) for u in balancer.within_bound(candidates)}
-        order = balancer.preference(candidates, affinity.session)
-        load = {id(u): (u.shared_load, u.inflight) for u in order}  # read once: shared_load counts recent sends
-        levels = sorted(set(load.values()))
+        order = balancer.preference(candidates, affinity)
+        levels = sorted({rank for _, rank in order})
         placed = await self._placement.place(
-            pool, affinity.session, [Candidate(u.name, id(u) in allowed, levels.index(load[id(u)])) for u in order],
+            pool, affinity.session, [Candidate(u.name, id(u) in allowed, levels.index(rank)) for u, rank in order],
             self._pools[pool].session_ttl_s)
         if placed is None:
             return affinity

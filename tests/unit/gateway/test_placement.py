@@ -209,3 +209,47 @@ def test_a_balanced_pool_spreads_sessions_evenly_where_their_ranking_does_not():
     assert asyncio.run(spread()) == [4, 4, 4]
     # the hash ranking of these twelve session names is uneven: what the table is for
     assert asyncio.run(spread(session_placement="rendezvous")) != [4, 4, 4]
+
+
+def _first_turn(group: str, s: int) -> dict[str, object]:
+    """A session's first turn: its group's long tool list, then its own short instructions."""
+    tools = "".join(f"tool_{group}_{i}(path, text): reads, edits or runs what it is given. " for i in range(60))
+    return {"model": "m", "messages": [{"role": "system", "content": tools + f"session {s}: " + "be brief. " * 20},
+                                       {"role": "user", "content": f"task {s}"}]}
+
+
+def test_a_new_session_goes_where_its_shared_prefix_was_sent_unless_that_member_is_over_the_bound():
+    async def main() -> None:
+        replica = _pool()
+        balancer = replica.balancer("default")
+        assert balancer is not None
+        members = {u.name: u for u in replica._by_pool["default"]}
+
+        def loads(**running: int) -> None:
+            for name, upstream in members.items():
+                upstream.server_load = ServerLoad(running.get(name, 0), 0, None, time.monotonic())
+
+        async def first(group: str, s: int) -> str:
+            key = key_for(_first_turn(group, s), f"{group}-{s}", tenant="t")
+            where = await _send(replica, key)
+            balancer.record(members[where], key, 100_000)
+            return where
+
+        loads()
+        a = await first("a", 0)
+        b = await first("b", 1)
+        assert a != b  # equal loads, nothing shared: the fewest sessions decide
+        # equal loads: the member that was sent group b's tool list, not the one holding no session
+        assert await first("b", 2) == b
+        # somewhat busier there: the cached tool list still weighs more than one request's load
+        loads(**{b: 1})
+        assert await first("b", 3) == b
+        # over the load bound there: elsewhere, the least loaded
+        loads(**{b: 3, a: 1})
+        third = await first("b", 4)
+        assert third not in (a, b)
+        # a session with nothing cached anywhere goes to the least loaded, as before, however many it holds
+        loads(**{a: 1, third: 1})
+        assert await first("c", 5) == b
+
+    asyncio.run(main())
