@@ -4,8 +4,9 @@
 
 The fleet: three `llama-server` processes (SmolLM2-135M Q4_1, the GGUF's own template), each with
 two slots of 4,096 tokens, its prompt cache on (slots reused by longest common prefix, plus
-`--cache-ram` MiB of host memory for prompts moved out of a slot) and `--metrics` (the gateway
-scrapes them); one server holds about four conversations, not all twelve. The servers are started
+`--cache-ram` MiB of host memory for prompts moved out of a slot, a slot taken over only by a prompt
+sharing 0.8 of it: see SERVER_ARGS) and `--metrics` (the gateway scrapes them); one server holds
+about four conversations, not all twelve. The servers are started
 afresh for every run, so each run starts cold.
 
 The workload is agent-like: twelve sessions, each with a system prompt of a tool list shared by
@@ -13,7 +14,10 @@ half the sessions (about 900 tokens) and its own instructions (about 600), then 
 model's answer, a tool result and a follow-up; session lengths are skewed (10 turns down to 3). The
 sessions run interleaved, 4 and then 8 at a time, every request streamed, its session named in
 `x-tierlane-session` as agents' own keys do. Compared, side by side in one run:
-`least_outstanding` (the pool before), `round_robin`, `prefix_affinity` (the default), and at 4 in
+`least_outstanding` (the pool before) and `prefix_affinity` (the default), `--repeats` times each in
+turn (2; each repeat on its own sessions, seed+r) with the figures pooled over the repeats (one run
+has 12 first turns, too few for a p90, and least-outstanding's throughput moved from 0.33 to 0.47
+req/s between two single runs), `round_robin` once, and at 4 in
 flight also prefix affinity without session keys and two gateway replicas taking a session's
 turns in turn (sharing the session placement table through Valkey, `state.backend: redis`). Reported per run: TTFT p50/p90 (to the first content), overall and apart for
 sessions' first turns (a cold prompt wherever it lands) and their later turns (what affinity keeps
@@ -55,7 +59,17 @@ from bench._harness import free_port, gateway_cmd, pct, start, stop, write
 from bench._verdicts import verdicts
 
 FLEET = 3
-SERVER_ARGS = ["-c", "8192", "-np", "2", "-t", "1", "-fa", "on", "--metrics", "--cache-ram", "160", "-a", "smollm2"]
+# NOTE: --slot-prompt-similarity 0.8 (the server's default is 0.1). llama-server hands a request the idle
+# slot whose prompt shares the largest part of its own above that share, and keeps the part they share
+# without saving the rest to --cache-ram when that part is at least half the slot's prompt: at 0.1 two
+# sessions sharing their 880-token tool list took each other's slot, each turn dropped the other
+# session's conversation and the next prefilled it again (measured: 600-1,000 tokens prefilled per
+# later turn on a server holding three sessions, 0.66 cached share). A session's own slot shares 0.92
+# or more of its next prompt here, another session's at most 0.65: above that, a turn takes its own
+# slot or an idle one, whose prompt is saved to the host cache and its own conversation loaded back.
+# The same flags for every balancer compared.
+SERVER_ARGS = ["-c", "8192", "-np", "2", "-t", "1", "-fa", "on", "--metrics", "--cache-ram", "160",
+               "--slot-prompt-similarity", "0.8", "-a", "smollm2"]
 KV_CAPACITY_TOKENS = 12_288  # two slots of 4,096 tokens and ~160 MiB of host cache at ~23 KB a token
 MODEL = "smollm2"
 PRICE = {"input": 0.5, "cached_input": 0.05, "output": 1.5}  # USD per million tokens
@@ -65,6 +79,7 @@ WORDS = ("read write patch grep shell exec python file path line test build run 
          "token cache model server request answer error retry timeout limit stream chunk json schema field value "
          "index query table column row key store load save open close list map filter sort merge split join").split()
 POLICIES = ("least_outstanding", "round_robin", "prefix_affinity")
+COMPARED = ("least_outstanding", "prefix_affinity")  # run `--repeats` times each, in turn, and pooled
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -277,6 +292,7 @@ def summarise(out: dict[str, Any], before: list[dict[str, float]], after: list[d
     return {
         "requests": len(results),
         "errors": len(results) - len(ok),
+        "samples": [[r.get("turn", -1), round(r["ttft_s"] * 1000, 1)] for r in ok],  # [turn, TTFT ms]: pooled over runs
         "wall_s": round(out["wall_s"], 2),
         "requests_per_s": round(len(ok) / out["wall_s"], 4),
         "ttft_p50_ms": round(pct(ttft, 0.5), 1),
@@ -399,23 +415,29 @@ def main() -> int:
     parser.add_argument("--llama-server", type=Path, required=True, help="llama.cpp's llama-server binary")
     parser.add_argument("--quick", action="store_true", help="six sessions, 4 in flight only (a smoke run)")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of least-outstanding and prefix affinity at each level, in turn, each on its own "
+                             "sessions (seed, seed+1, ...), pooled: a run has only 12 first turns for a p90")
     args = parser.parse_args()
     turns = TURNS[:6] if args.quick else TURNS
     levels = (4,) if args.quick else (4, 8)
-    plans = session_plan(args.seed, turns)
+    plan_sets = [session_plan(args.seed + r, turns) for r in range(args.repeats)]
+    plans = plan_sets[0]
     rng = random.Random(args.seed + 1)
     unique = [f"Question {i}: " + words(rng, 260) for i in range(16 if args.quick else 24)]
     runs: dict[str, Any] = {}
     total = sum(turns)
-    steps = [(f"{policy}@{n}", policy, n, True, 1) for n in levels for policy in POLICIES]
-    steps += [(f"prefix_affinity_no_session@{levels[0]}", "prefix_affinity", levels[0], False, 1),
-              (f"prefix_affinity_two_replicas@{levels[0]}", "prefix_affinity", levels[0], True, 2)]
+    steps = [(run_name(policy, n, r), policy, n, True, 1, r) for n in levels for r in range(args.repeats)
+             for policy in (POLICIES if r == 0 else COMPARED)]
+    steps += [(f"prefix_affinity_no_session@{levels[0]}", "prefix_affinity", levels[0], False, 1, 0),
+              (f"prefix_affinity_two_replicas@{levels[0]}", "prefix_affinity", levels[0], True, 2, 0)]
     with tempfile.TemporaryDirectory(prefix="tierlane-affinity-") as tmp_name:
         tmp = Path(tmp_name)
-        for name, policy, n, with_session, replicas in steps:
+        for name, policy, n, with_session, replicas, r in steps:
             with tqdm(total=total, desc=name, unit="req") as bar:
-                runs[name] = run_one(args.llama_server, tmp, name.replace("@", "-"), policy,
-                                     lambda urls, n=n, s=with_session, bar=bar: run_sessions(urls, plans, n, s, bar),
+                runs[name] = run_one(args.llama_server, tmp, re.sub(r"\W", "-", name), policy,
+                                     lambda urls, n=n, s=with_session, bar=bar, ps=plan_sets[r]:
+                                     run_sessions(urls, ps, n, s, bar),
                                      replicas=replicas)
             r = runs[name]
             tqdm.write(f"{name}: ttft p50 {r['ttft_p50_ms']} ms p90 {r['ttft_p90_ms']} ms (first turns "
@@ -429,7 +451,7 @@ def main() -> int:
                             lambda urls, bar=bar: run_single(urls, unique, 4, bar))
             no_shared.setdefault(policy, []).append(r)
         writes = reconcile_cache_writes(tmp, 40 if args.quick else 200)
-    data = summarise_all(runs, no_shared, writes, levels, plans, len(unique))
+    data = summarise_all(runs, no_shared, writes, levels, plans, len(unique), args.repeats)
     data["verdicts"] = verdicts("prefix_affinity", data)
     path = write("prefix_affinity", data)
     print(json.dumps({k: data[k] for k in ("comparison", "no_shared_prefix", "two_replicas")}, indent=2))
@@ -437,12 +459,43 @@ def main() -> int:
     return 0
 
 
+def run_name(policy: str, level: int, repeat: int) -> str:
+    return f"{policy}@{level}" + (f"#{repeat + 1}" if repeat else "")
+
+
+def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's runs at one level as one sample: percentiles over every request, requests per second
+    over the runs' summed wall time, the worst balance of any run."""
+    samples = [s for r in runs for s in r["samples"]]
+    ttft = [t for _, t in samples]
+    first = [t for turn, t in samples if turn == 0]
+    later = [t for turn, t in samples if turn > 0]
+    ok = sum(r["requests"] - r["errors"] for r in runs)
+    return {
+        "runs": len(runs), "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
+        "requests_per_s": round(ok / sum(r["wall_s"] for r in runs), 4),
+        "ttft_p50_ms": round(pct(ttft, 0.5), 1), "ttft_p90_ms": round(pct(ttft, 0.9), 1),
+        "first_turns": len(first), "first_turns_ttft_p50_ms": round(pct(first, 0.5), 1),
+        "first_turns_ttft_p90_ms": round(pct(first, 0.9), 1),
+        "later_turns": len(later), "later_turns_ttft_p50_ms": round(pct(later, 0.5), 1),
+        "later_turns_ttft_p90_ms": round(pct(later, 0.9), 1),
+        "server_cached_prompt_share": round(statistics.fmean(r["server_cached_prompt_share"] for r in runs), 4),
+        # a run that left a member without a request has no ratio: then neither has the pool
+        "member_max_min_ratio": (None if any(r["member_max_min_ratio"] is None for r in runs)
+                                 else max(r["member_max_min_ratio"] for r in runs)),
+    }
+
+
 def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]]], writes: dict[str, Any],
-                  levels: tuple[int, ...], plans: list[dict[str, Any]], unique: int) -> dict[str, Any]:
-    comparison = {}
+                  levels: tuple[int, ...], plans: list[dict[str, Any]], unique: int, repeats: int) -> dict[str, Any]:
+    comparison, pooled_runs = {}, {}
     for n in levels:
-        base, rr, pa = runs[f"least_outstanding@{n}"], runs[f"round_robin@{n}"], runs[f"prefix_affinity@{n}"]
+        pooled_runs[str(n)] = {policy: pool_runs([runs[run_name(policy, n, r)] for r in range(repeats)])
+                               for policy in COMPARED}
+        base, pa = pooled_runs[str(n)]["least_outstanding"], pooled_runs[str(n)]["prefix_affinity"]
+        rr = runs[f"round_robin@{n}"]
         comparison[str(n)] = {
+            "runs_per_policy": repeats, "requests": pa["requests"], "first_turns": pa["first_turns"],
             "ttft_p90_ratio_vs_least_outstanding": round(pa["ttft_p90_ms"] / base["ttft_p90_ms"], 4),
             "ttft_p50_ratio_vs_least_outstanding": round(pa["ttft_p50_ms"] / base["ttft_p50_ms"], 4),
             "first_turns_ttft_p50_ratio_vs_least_outstanding": round(pa["first_turns_ttft_p50_ms"] / base["first_turns_ttft_p50_ms"], 4),
@@ -450,7 +503,7 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
             "later_turns_ttft_p50_ratio_vs_least_outstanding": round(pa["later_turns_ttft_p50_ms"] / base["later_turns_ttft_p50_ms"], 4),
             "later_turns_ttft_p90_ratio_vs_least_outstanding": round(pa["later_turns_ttft_p90_ms"] / base["later_turns_ttft_p90_ms"], 4),
             "throughput_ratio_vs_least_outstanding": round(pa["requests_per_s"] / base["requests_per_s"], 4),
-            "throughput_ratio_vs_round_robin": round(pa["requests_per_s"] / rr["requests_per_s"], 4),
+            "throughput_ratio_vs_round_robin": round(runs[f"prefix_affinity@{n}"]["requests_per_s"] / rr["requests_per_s"], 4),
             "member_max_min_ratio": pa["member_max_min_ratio"],
         }
     one, two = runs[f"prefix_affinity@{levels[0]}"], runs[f"prefix_affinity_two_replicas@{levels[0]}"]
@@ -468,8 +521,10 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
         "workload": {"sessions": len(plans), "turns_per_session": [len(p["tool_results"]) for p in plans],
                      "requests": sum(len(p["tool_results"]) for p in plans), "answer_tokens": ANSWER_TOKENS,
                      "in_flight": list(levels), "shared_tool_lists": 2,
+                     "runs_per_compared_policy": repeats, "session_sets": "seed, seed+1, ...: one per repeat",
                      "first_turn_prompt_tokens": "about 1,500 (900 shared by half the sessions)"},
         "runs": runs,
+        "pooled": pooled_runs,
         "comparison": comparison,
         "two_replicas": {
             "cached_share_one": one["server_cached_prompt_share"], "cached_share_two": two["server_cached_prompt_share"],

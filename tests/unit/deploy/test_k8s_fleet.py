@@ -298,6 +298,25 @@ def test_the_pool_members_are_the_llama_servers_with_their_metrics(tmp_path: Pat
     assert shared and shared == {m["name"] for m in server["volumeMounts"] if model.startswith(m["mountPath"] + "/")}
 
 
+def test_the_llama_servers_run_with_the_flags_the_fleet_was_measured_with() -> None:
+    from bench.prefix_affinity import SERVER_ARGS
+
+    (server,) = pod_spec(fleet()[("StatefulSet", "llama")])["containers"]
+    args = server["args"]
+
+    def flags(argv: list[str]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for i, arg in enumerate(argv):
+            if arg.startswith("-") and not arg.lstrip("-").isdigit():
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                out[arg] = None if nxt is None or nxt.startswith("-") else nxt
+        return out
+
+    measured, served = flags(SERVER_ARGS), flags(args)
+    # the same slots, context, prompt cache and slot reuse as bench/prefix_affinity.py measured
+    assert {k: served.get(k) for k in measured} == measured
+
+
 def test_the_hosted_upstream_key_comes_from_the_secret(tmp_path: Path) -> None:
     settings, env = gateway_settings(tmp_path)
     keyed = [u for u in settings.upstreams if u.api_key_env]
