@@ -532,7 +532,8 @@ def summarise_all(runs: dict[str, Any], no_shared: dict[str, list[dict[str, Any]
             "ttft_ms": {which: {f"{part}_p{q}": run[f"{part}_ttft_p{q}_ms"] for part in ("first_turns", "later_turns")
                                 for q in (50, 90)} for which, run in (("one", one), ("two", two))},
             "how": "one session placement table for both replicas (state.backend redis, Valkey): a session's first "
-                   "turn goes to the least loaded member (ties: the fewest live sessions), its later turns where it was "
+                   "turn goes to the member holding most of its prompt's prefix weighed against load (nothing matched: "
+                   "the least loaded; ties: the fewest live sessions), its later turns where it was "
                    "placed unless that member is over the load bound read from the servers' scraped load (then a "
                    "move, kept for both); one replica keeps the same table in its own process",
         },

@@ -284,11 +284,22 @@ def render_agent_sessions(data: dict[str, Any]) -> list[str]:
 def render_prefix_affinity(data: dict[str, Any]) -> list[str]:
     rows = []
     for name, r in data.get("runs", {}).items():
-        rows.append([name.replace("@", " @ "), r["ttft_p50_ms"], r["ttft_p90_ms"], r.get("later_turns_ttft_p90_ms"), r["requests_per_s"],
+        rows.append([name.replace("@", " @ "), r["ttft_p50_ms"], r["ttft_p90_ms"], r.get("first_turns_ttft_p90_ms"),
+                     r.get("later_turns_ttft_p90_ms"), r["requests_per_s"],
                      r["server_cached_prompt_share"], " / ".join(str(c) for c in r["requests_per_member"]), r["errors"],
                      r["reconciliation"]["relative_error"]])
-    lines = _table(["balance @ sessions in flight", "TTFT p50 ms", "TTFT p90 ms", "later turns' TTFT p90 ms", "req/s", "servers' cached-prompt share",
+    lines = _table(["balance @ sessions in flight", "TTFT p50 ms", "TTFT p90 ms", "first turns' TTFT p90 ms",
+                    "later turns' TTFT p90 ms", "req/s", "servers' cached-prompt share",
                     "requests per member", "errors", "billed vs server counters"], rows)
+    pooled = data.get("pooled") or {}
+    if pooled:  # what the verdicts compare: each balancer's repeats as one sample
+        lines += ["", "Pooled over each balancer's runs (`#2`: the second run, on its own sessions), as the targets compare them:", ""]
+        lines += _table(["balance @ sessions in flight", "runs", "first turns", "first turns' TTFT p50 / p90 ms",
+                         "later turns' TTFT p50 / p90 ms", "req/s", "servers' cached-prompt share"],
+                        [[f"{policy} @ {level}", r["runs"], r["first_turns"],
+                          f"{r['first_turns_ttft_p50_ms']} / {r['first_turns_ttft_p90_ms']}",
+                          f"{r['later_turns_ttft_p50_ms']} / {r['later_turns_ttft_p90_ms']}", r["requests_per_s"],
+                          r["server_cached_prompt_share"]] for level, by in pooled.items() for policy, r in by.items()])
     w, shared, two = data.get("workload", {}), data.get("no_shared_prefix", {}), data.get("two_replicas", {})
     writes = data.get("reconciliation", {}).get("cache_writes", {})
     lines += ["", f"Workload: {w.get('sessions')} sessions ({w.get('turns_per_session')} turns), {w.get('requests')} "
