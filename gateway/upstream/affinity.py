@@ -235,9 +235,7 @@ class Balancer:
         busiest = max(1, max(shared for shared, _ in load))
         scored = []
         for m, (shared, own) in zip(ranked, load, strict=True):
-            score = 0.0
-            if self.mode == "prefix_affinity" and key.blocks:
-                score = self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (shared - least) / busiest
+            score = self._score(m, key.blocks, shared, least, busiest) if self.mode == "prefix_affinity" and key.blocks else 0.0
             scored.append((m, (-score, shared, own)))
         return sorted(scored, key=lambda mr: mr[1])  # stable: ties stay in ranking order
 
@@ -262,8 +260,7 @@ class Balancer:
                 return member
             if self.mode == "prefix_affinity" and key.blocks:
                 busiest = max(1, max(m.shared_load for m in allowed))
-                scored = [(self._matched(m, key.blocks) / len(key.blocks) - LOAD_WEIGHT * (m.shared_load - least) / busiest, m)
-                          for m in allowed]
+                scored = [(self._score(m, key.blocks, m.shared_load, least, busiest), m) for m in allowed]
                 best_score = max(score for score, _ in scored)
                 best = [m for score, m in scored if score == best_score]
                 if self._matched(best[0], key.blocks) > 0:
@@ -279,6 +276,11 @@ class Balancer:
         if len(fewest) > 1 and key is not None and key.blocks:
             return rendezvous(str(key.blocks[0]), fewest)
         return random.choice(fewest)
+
+    def _score(self, member: Member, blocks: Sequence[int], load: int, least: int, busiest: int) -> float:
+        """vLLM production-stack's score: the share of the prompt's blocks sent to `member`, less LOAD_WEIGHT x
+        its load above the least loaded, relative to the busiest."""
+        return self._matched(member, blocks) / len(blocks) - LOAD_WEIGHT * (load - least) / busiest
 
     def _matched(self, member: Member, blocks: Sequence[int]) -> int:
         index = self.indexes.get(member.name)

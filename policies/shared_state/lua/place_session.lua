@@ -4,7 +4,7 @@
 -- ARGV[1]: how long a session counts after its last use (ms); ARGV[2]: the session's id;
 -- ARGV[3i], ARGV[3i+1], ARGV[3i+2]: candidate i's name, '1' if it may take the session now ('0': over
 -- the load bound), and its rank (0: the best placed), candidates in the caller's order of preference.
--- A session stays where it is while its member may take it; else it goes to the lowest load rank,
+-- A session stays where it is while its member may take it; else it goes to the lowest rank,
 -- then the fewest live sessions, then the first in order.
 -- Reply: {member, 1 if the session moved there from another member else 0}, or false (no candidate may).
 local t = redis.call('TIME')
