@@ -41,8 +41,8 @@ PULL_COMMAND = "tierlane edge pull"
 MEMO_SUFFIX = ".sha256.json"
 PART_SUFFIX = ".part"
 _CHUNK = 1 << 22
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 Progress = Callable[[int], None]  # bytes hashed or downloaded since the last call
 
@@ -108,7 +108,7 @@ def parse_hub(spec: str) -> HubFile:
     if not at:
         revision = DEFAULT_REVISION
     for what, name in (("organisation", org), ("repository", repo), ("revision", revision), *(("file", p) for p in path)):
-        if not _NAME.match(name) or name in (".", ".."):
+        if not _NAME.fullmatch(name) or name in (".", ".."):
             raise ModelSourceError(f"{spec!r}: {what} {name!r} is not a hub name (letters, digits, '.', '_', '-')")
     if not path[-1].lower().endswith(".gguf"):
         raise ModelSourceError(f"{spec!r}: the engine loads GGUF files; name one ending in .gguf")
@@ -134,7 +134,7 @@ def check_sha256(value: str) -> str:
     digest = value.strip().lower()
     if digest.startswith("sha256:"):
         digest = digest[len("sha256:"):]
-    if not _HEX64.match(digest):
+    if not _HEX64.fullmatch(digest):
         raise ModelSourceError(f"{value!r} is not a sha256 (64 hex digits, as `sha256sum FILE` prints)")
     return digest
 
@@ -174,7 +174,7 @@ def remembered_sha256(path: Path, memo: Path) -> str | None:
     if not isinstance(kept, dict) or any(kept.get(k) != v for k, v in stamp.items()):
         return None
     digest = kept.get("sha256")
-    return digest if isinstance(digest, str) and _HEX64.match(digest) else None
+    return digest if isinstance(digest, str) and _HEX64.fullmatch(digest) else None
 
 
 def remember_sha256(path: Path, memo: Path, digest: str) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from edge_engine.model_pull import GIB, PullLimits
+
     # NOTE: `tierlane edge` is registered by policies.edge_quality.cli (calibrate, probe); `pull` joins it.
     edge = subparsers.choices.get("edge") or subparsers.add_parser("edge", help="the local edge model")
     actions = [a for a in edge._actions if isinstance(a, argparse._SubParsersAction)]
@@ -29,6 +31,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pull.add_argument("--config", help="YAML settings file (default: $TIERLANE_CONFIG or the embedded defaults)")
     pull.add_argument("--retries", type=int, default=3, help="a lost connection is resumed this many times (default 3)")
     pull.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for the server, per read (default 60)")
+    limits = PullLimits()
+    pull.add_argument("--max-gb", type=float, default=limits.max_bytes / GIB,
+                      help="the largest file taken, in GiB, where the hub lists no size for the pinned digest: a body "
+                           f"past it is cut and deleted (default {limits.max_bytes / GIB:g})")
+    pull.add_argument("--max-time-s", type=float, default=limits.max_time_s,
+                      help=f"longest the whole pull may take; 0: no bound (default {limits.max_time_s:g})")
+    pull.add_argument("--min-rate-kib", type=float, default=limits.min_rate_kib,
+                      help=f"the pull stops when fewer KiB/s than this arrive over {limits.rate_window_s:g} s; "
+                           f"0: no minimum (default {limits.min_rate_kib:g})")
     pull.set_defaults(func=_pull)
 
 
@@ -43,7 +54,7 @@ def _report(**fields: Any) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from edge_engine.model_pull import DigestMismatch, PullError, pull
+    from edge_engine.model_pull import GIB, DigestMismatch, PullError, PullLimits, pull
     from edge_engine.model_source import ModelUnavailable, parse_model
     from gateway.settings import Settings, hub_token
 
@@ -65,11 +76,14 @@ def _pull(args: argparse.Namespace) -> int:
             return _fail(str(exc), 1)
         return _report(model=edge.model, path=str(resolved.path), sha256=resolved.sha256, pulled=False)
     assert edge.model_sha256 is not None  # the settings refuse a hub file without its pin
+    if not args.max_gb > 0 or args.max_time_s < 0 or args.min_rate_kib < 0:
+        return _fail("--max-gb must be above 0, --max-time-s and --min-rate-kib 0 or above", 2)
+    limits = PullLimits(max_bytes=int(args.max_gb * GIB), max_time_s=args.max_time_s, min_rate_kib=args.min_rate_kib)
     bar = _ProgressBar(hub.file)
     try:
         result = pull(
             hub, edge.model_sha256, edge.model_cache_dir, endpoint=edge.hub_endpoint, token=hub_token(),
-            retries=max(0, args.retries), timeout_s=args.timeout_s, progress=bar.follow,
+            retries=max(0, args.retries), timeout_s=args.timeout_s, limits=limits, progress=bar.follow,
         )
     except DigestMismatch as exc:
         return _fail(f"refused: {exc}", 1)

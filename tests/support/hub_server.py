@@ -2,12 +2,15 @@
 
 Like the hub, `resolve` answers with a redirect to where the bytes are (`/cdn/...`), which honours
 `Range: bytes=N-` with a 206. It can also misbehave the ways a download must survive: drop the
-connection partway through a body, or ignore Range and send the whole file with a 200. Every
-request is recorded (path, Range header, status) so tests can check what the client asked for.
+connection partway through a body, ignore Range and send the whole file with a 200, answer Range
+from another offset, send a body without Content-Length (chunked) that is longer than the file, or
+drip it a byte at a time. Every request is recorded (path, Range header, status) so tests can check
+what the client asked for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -43,6 +46,12 @@ class HubServer:
     drops_left: int = 0  # ... for this many answers
     ignore_range: bool = False
     redirect: bool = True
+    linked: bool = False  # the redirect says the file's size and sha256 (X-Linked-Size, X-Linked-Etag), as the hub's does
+    range_from: int | None = None  # a Range request is answered from this offset instead of the one asked for
+    chunked: bool = False  # no Content-Length: the body ends when the connection does
+    extra: int = 0  # junk bytes sent after the file
+    drip_s: float | None = None  # one byte every drip_s seconds ...
+    drip_bytes: int = 0  # ... for this many bytes, then the rest at once
     seen: list[Seen] = field(default_factory=list)
 
     def routes(self, app: web.Application) -> None:
@@ -57,7 +66,9 @@ class HubServer:
             raise web.HTTPNotFound(text="Entry not found")
         if self.redirect:
             self.seen.append(Seen(request.path, request.headers.get("Range"), 302))
-            raise web.HTTPFound(f"/cdn/{key}")
+            data = self.files[key]
+            linked = {"X-Linked-Size": str(len(data)), "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"'}
+            raise web.HTTPFound(f"/cdn/{key}", headers=linked if self.linked else None)
         return await self._send(request, key)
 
     async def _bytes(self, request: web.Request) -> web.StreamResponse:
@@ -70,15 +81,18 @@ class HubServer:
         status = 200
         found = _RANGE.match(asked or "")
         if found and not self.ignore_range:
-            start = int(found.group(1))
+            start = int(found.group(1)) if self.range_from is None else self.range_from
             if start >= len(data):
                 self.seen.append(Seen(request.path, asked, 416))
                 raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{len(data)}"})
             status = 206
         self.seen.append(Seen(request.path, asked, status))
-        body = data[start:]
+        body = data[start:] + b"\0" * self.extra
         response = web.StreamResponse(status=status)
-        response.content_length = len(body)
+        if self.chunked:
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = len(body)
         if status == 206:
             response.headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         response.headers["Accept-Ranges"] = "bytes"
@@ -90,7 +104,13 @@ class HubServer:
             assert request.transport is not None
             request.transport.close()  # the connection lost partway, Content-Length unmet
             return response
-        await response.write(body)
+        if self.drip_s is not None:
+            for i in range(min(self.drip_bytes, len(body))):
+                await response.write(body[i : i + 1])
+                await asyncio.sleep(self.drip_s)
+            body = body[self.drip_bytes :]
+        for i in range(0, len(body), 1 << 20):
+            await response.write(body[i : i + (1 << 20)])
         await response.write_eof()
         return response
 

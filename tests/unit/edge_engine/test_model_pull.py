@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_engine.model_pull import DigestMismatch, PullError, pull
+from edge_engine.model_pull import DigestMismatch, PullError, PullLimits, pull
 from edge_engine.model_source import MEMO_SUFFIX, PART_SUFFIX, parse_hub
 from tests.support.hub_server import HubServer, RunningHub, gguf_bytes
 
@@ -124,3 +124,88 @@ def test_a_missing_file_is_a_clear_error(hub: RunningHub, tmp_path: Path) -> Non
     with pytest.raises(PullError, match="HTTP 404.*check the organisation, repository, revision and file"):
         pull(parse_hub("hf://acme/tiny-GGUF/nope.gguf"), DIGEST, tmp_path, endpoint=hub.url)
     assert len(hub.server.seen) == 1, "a 404 is not retried"
+
+
+def test_a_body_without_a_length_is_cut_at_the_size_bound_and_deleted(hub: RunningHub, tmp_path: Path) -> None:
+    hub.server.chunked, hub.server.extra = True, 4 << 20  # no Content-Length, and far more than the file
+    bound = len(DATA) + 1000
+    seen: list[int] = []
+    with pytest.raises(PullError, match=rf"more than {bound} bytes.*--max-gb.*deleted"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url, limits=PullLimits(max_bytes=bound),
+             progress=lambda done, total: seen.append(done))
+    assert max(seen) <= bound, "no byte past the bound is written"
+    assert sorted(HUB.cache_path(tmp_path).parent.iterdir()) == [], "the partial file is removed"
+
+
+def test_a_length_announced_over_the_size_bound_is_refused_before_reading(hub: RunningHub, tmp_path: Path) -> None:
+    seen: list[int] = []
+    with pytest.raises(PullError, match=rf"announces {len(DATA)} bytes, more than {1 << 20} bytes"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url, limits=PullLimits(max_bytes=1 << 20),
+             progress=lambda done, total: seen.append(done))
+    assert set(seen) <= {0}
+    assert sorted(HUB.cache_path(tmp_path).parent.iterdir()) == []
+
+
+def test_the_size_the_hub_lists_for_the_pinned_digest_bounds_the_body(hub: RunningHub, tmp_path: Path) -> None:
+    hub.server.linked, hub.server.chunked, hub.server.extra = True, True, 1 << 20
+    seen: list[int] = []
+    with pytest.raises(PullError, match=rf"more than the {len(DATA)} bytes the hub lists"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url, progress=lambda done, total: seen.append(done))
+    assert max(seen) <= len(DATA)
+    assert sorted(HUB.cache_path(tmp_path).parent.iterdir()) == []
+    hub.server.extra = 0
+    assert pull(HUB, DIGEST, tmp_path, endpoint=hub.url).path.read_bytes() == DATA
+
+
+def test_a_dripping_server_is_given_up_on_at_the_time_bound(hub: RunningHub, tmp_path: Path) -> None:
+    hub.server.drip_s, hub.server.drip_bytes = 0.02, 300  # each read is quick; the whole would take 6 s and more
+    with pytest.raises(PullError, match=r"took longer than 0.3 s \(--max-time-s\).*bytes are kept: pull again to resume"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url, timeout_s=30,
+             limits=PullLimits(max_time_s=0.3, min_rate_kib=0))
+    part = HUB.cache_path(tmp_path).with_name(HUB.cache_path(tmp_path).name + PART_SUFFIX)
+    assert 0 < part.stat().st_size < 300 and DATA.startswith(part.read_bytes())
+
+
+def test_a_server_below_the_minimum_rate_is_given_up_on(hub: RunningHub, tmp_path: Path) -> None:
+    hub.server.drip_s, hub.server.drip_bytes = 0.02, 300
+    with pytest.raises(PullError, match=r"below the minimum of 64 KiB/s \(--min-rate-kib\).*HF_ENDPOINT"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url, timeout_s=30,
+             limits=PullLimits(max_time_s=0, min_rate_kib=64, rate_window_s=0.3))
+
+
+def test_a_complete_part_file_is_verified_and_moved_into_place_without_a_request(hub: RunningHub, tmp_path: Path) -> None:
+    final = HUB.cache_path(tmp_path)
+    final.parent.mkdir(parents=True)
+    final.with_name(final.name + PART_SUFFIX).write_bytes(DATA)
+    result = pull(HUB, DIGEST, tmp_path, endpoint=hub.url)
+    assert final.read_bytes() == DATA and result.downloaded == 0 and not result.already_there
+    assert hub.server.seen == [], "nothing is downloaded again"
+
+
+def test_a_range_answer_at_another_offset_discards_the_part_and_starts_from_zero(hub: RunningHub, tmp_path: Path) -> None:
+    final = HUB.cache_path(tmp_path)
+    final.parent.mkdir(parents=True)
+    final.with_name(final.name + PART_SUFFIX).write_bytes(DATA[:700_000])
+    hub.server.range_from = 0  # a 206 from byte 0 to a request for the bytes from 700000
+    result = pull(HUB, DIGEST, tmp_path, endpoint=hub.url)
+    assert final.read_bytes() == DATA and result.restarted and result.resumed_from == 0
+    assert cdn_requests(hub) == [("bytes=700000-", 206), (None, 200)]
+
+
+def test_a_link_at_the_part_files_name_is_never_written_through(hub: RunningHub, tmp_path: Path) -> None:
+    final = HUB.cache_path(tmp_path)
+    final.parent.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    final.with_name(final.name + PART_SUFFIX).symlink_to(victim)
+    result = pull(HUB, DIGEST, tmp_path, endpoint=hub.url)
+    assert victim.read_bytes() == b"precious"
+    assert not final.is_symlink() and final.read_bytes() == DATA and result.resumed_from == 0
+    assert cdn_requests(hub) == [(None, 200)]
+
+
+def test_a_folder_at_the_part_files_name_is_a_clear_error(hub: RunningHub, tmp_path: Path) -> None:
+    final = HUB.cache_path(tmp_path)
+    final.with_name(final.name + PART_SUFFIX).mkdir(parents=True)
+    with pytest.raises(PullError, match="is a folder, not a part file: remove it"):
+        pull(HUB, DIGEST, tmp_path, endpoint=hub.url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ from edge_engine.model_source import (
     memo_file,
     parse_hub,
     parse_model,
+    remembered_sha256,
     resolve_model,
 )
 
@@ -52,6 +54,37 @@ def test_a_hub_name_gives_org_repo_revision_and_file(spec: str, org: str, repo: 
 def test_a_malformed_model_name_is_refused(spec: str, says: str) -> None:
     with pytest.raises(ModelSourceError, match=re.escape(says)):
         parse_model(spec)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "hf://../repo/m.gguf",
+        "hf://org/../m.gguf",
+        "hf://org/repo/../m.gguf",
+        "hf://org/repo@../m.gguf",
+        "hf://org/repo/./m.gguf",
+        "hf://org/repo/.hidden/m.gguf",
+        "hf://org/repo/sub\\..\\m.gguf",
+        "hf://org/repo/%2e%2e/m.gguf",
+        "hf://org/repo/~/m.gguf",
+        "hf://org/repo\n/m.gguf",
+        "hf://org/repo@main\n/m.gguf",
+    ],
+)
+def test_a_spec_that_would_leave_the_cache_folder_is_refused(spec: str) -> None:
+    # a trailing newline in a name would make a folder of its own under the cache
+    with pytest.raises(ModelSourceError, match="not a hub name"):
+        parse_hub(spec)
+
+
+def test_a_remembered_digest_with_a_trailing_newline_is_not_taken(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"some model")
+    file_sha256(gguf, tmp_path / "cache")
+    memo = memo_file(gguf, tmp_path / "cache")
+    memo.write_text(json.dumps({**json.loads(memo.read_text()), "sha256": PIN + "\n"}))
+    assert remembered_sha256(gguf, memo) is None
 
 
 def test_bundled_and_paths_are_told_apart() -> None:

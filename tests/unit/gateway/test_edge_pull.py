@@ -95,6 +95,19 @@ def test_a_wrong_pin_is_refused_by_the_pull_naming_both_digests(
     assert list(folder.iterdir()) == []
 
 
+def test_the_pulls_bounds_are_options_and_their_stop_is_a_clear_error(
+    hub: RunningHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = str(config(tmp_path))
+    assert main(["edge", "pull", "--config", cfg, "--max-gb", "0.0001"]) == 1  # 107,374 bytes: less than the file
+    err = capsys.readouterr().err
+    assert f"announces {len(DATA)} bytes, more than 107374 bytes, the largest file" in err and "--max-gb" in err
+    assert main(["edge", "pull", "--config", cfg, "--max-gb", "0"]) == 2
+    assert "--max-gb must be above 0" in capsys.readouterr().err
+    assert main(["edge", "pull", "--config", cfg, "--max-time-s", "0", "--min-rate-kib", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["downloaded_bytes"] == len(DATA)
+
+
 def test_pull_for_the_bundled_model_downloads_nothing(hub: RunningHub, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["edge", "pull"]) == 0
     out = json.loads(capsys.readouterr().out)
