@@ -3,13 +3,17 @@
 Requests are submitted together (at most `concurrency` in flight) so the engine batches them.
 Each finished probe is appended to an optional JSON-lines cache keyed by the model file's hash,
 so an interrupted run resumes where it stopped and a rerun with the same model costs nothing.
+A run cut short by a full disk or a lost node can leave a partial line or NUL bytes: such lines
+are dropped with a warning naming the file, which is rewritten without them (those probes run again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +23,8 @@ from typing import Any
 from edge_engine import EdgeEngine, EdgeSettings, Priority, SamplingParams
 from policies.edge_quality.checkers import is_correct
 from policies.edge_quality.probes import Probe
+
+log = logging.getLogger(__name__)
 
 MAX_TOKENS = 48
 
@@ -112,7 +118,7 @@ async def run_probes(
     key_of = {p.id: f"{model_sha256}|{max_tokens}|{p.prompt}" for p in probes}
     cached: dict[str, EdgeRecord] = {}
     if cache is not None:
-        rows = _read_all(cache)
+        rows = await asyncio.to_thread(_read_all, cache)
         for p in probes:
             row = rows.get(key_of[p.id])
             if row is not None:
@@ -163,12 +169,45 @@ async def run_probes(
 
 
 def _read_all(path: Path) -> dict[str, dict[str, Any]]:
+    """The cached rows by key; damaged lines are dropped and the file rewritten without them."""
     out: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return out
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                out[str(row.pop("key"))] = row
+    good: list[bytes] = []
+    damaged: list[int] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        # NOTE: a file system that lost a write can show NUL bytes where it was, before a later append
+        line = raw.strip(b"\0 \t\r")
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(line)
+            key = str(row.pop("key"))
+            EdgeRecord.from_json(dict(row))  # a row of another shape would fail later, far from its file
+        except (ValueError, TypeError, KeyError, AttributeError):
+            damaged.append(number)
+            continue
+        out[key] = row
+        good.append(line)
+    clean = b"".join(line + b"\n" for line in good)
+    if clean != data:
+        if damaged:
+            log.warning("probe cache %s: dropped %d damaged line(s) (line %s of %d; a run cut short, e.g. a full disk "
+                        "or a lost node); %d cached answers kept, those probes run again",
+                        path, len(damaged), ", ".join(map(str, damaged[:5])) + (" ..." if len(damaged) > 5 else ""),
+                        data.count(b"\n") + (not data.endswith(b"\n")), len(out))
+        _rewrite(path, clean)
     return out
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    """The cache as `data`, replaced at once: the next append starts on a line of its own."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.warning("probe cache %s could not be rewritten without its damaged lines: %s", path, exc)
