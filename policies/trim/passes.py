@@ -21,9 +21,7 @@ class Item:
     index: int  # position in the request's messages; -1 for a marker the trim inserted
     msg: dict[str, Any]
     pinned: bool  # the last user message and what the policy pins: never cut or dropped
-    # what the policy pins: never changed at all. NOTE: lossless passes rewrite the last user
-    # message like any other (they only touch prose), so a message reads the same in this turn
-    # and in the next, where it is no longer last: the provider's cached prefix stays byte-stable.
+    # what the policy pins: never changed at all
     fixed: bool = False
     # a tool result the model has not answered yet (after the last assistant message): never cut,
     # since it is what the model must act on now
@@ -40,12 +38,19 @@ class Dropped:
     reason: str
 
 
+# Roles whose text no lossless pass rewrites. Tool results are what an agent read (files, command
+# output) and the base of its next exact-string edit (only the opt-in budget cut changes them). A
+# user message is the user's own words: the newest is byte-identical to what the client sent (an
+# upstream that matches prompts exactly, a replay or a cache keyed on the last turn, must still
+# recognise the question), and since every user message was once the newest, none is rewritten
+# later either, so each turn's prompt stays a byte-identical prefix of the next.
+_VERBATIM_ROLES = frozenset({*TOOL_ROLES, "user"})
+
+
 def _rewrite(items: list[Item], counter: TokenCounter, fn: Any) -> list[Item]:
     out = []
     for item in items:
-        # NOTE: tool results are what an agent read (files, command output) and the base of its
-        # next exact-string edit: no lossless pass changes their bytes (only the opt-in budget cut).
-        if not item.fixed and item.msg["role"] not in TOOL_ROLES:
+        if not item.fixed and item.msg["role"] not in _VERBATIM_ROLES:
             new = map_texts(item.msg, fn)
             # A rewrite that does not save tokens with this tokenizer is not worth the change.
             if new is not item.msg and counter.message(new) < counter.message(item.msg):

@@ -41,12 +41,14 @@ def _check(body: dict[str, Any], section: dict[str, Any], count: Callable[[str],
     assert all(m["role"] in VALID_ROLES for m in out)
     assert [m["role"] for m in real] == [src[i]["role"] for i in kept]
 
-    # The last user message is kept, still the last user message, and changed by lossless passes
-    # alone: exactly as it reads trimmed on its own (so as it will read next turn).
+    # The last user message is kept, still the last user message, and byte for byte what the client
+    # sent; no kept user message is rewritten (each was once the newest: the prefix holds).
     last_user = max(i for i, m in enumerate(src) if m["role"] == "user")
     assert last_user in kept
-    alone = trim_request({"messages": [src[last_user]]}, policy, count).body["messages"][0]
-    assert [m for m in real if m["role"] == "user"][-1] == alone
+    assert [m for m in real if m["role"] == "user"][-1] == src[last_user]
+    for i, m in zip(kept, real):
+        if m["role"] == "user":
+            assert m == src[i]
 
     # The system prompt survives (whitespace aside), first.
     if src[0]["role"] == "system":

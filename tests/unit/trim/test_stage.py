@@ -38,7 +38,8 @@ def _ctx(messages: list[dict[str, Any]], *, headers: dict[str, str] | None = Non
     )
 
 
-MESSAGES = [system("Be   brief.  "), system("Be   brief.  "), user("hi  there"), assistant("hello"), user("last  one ")]
+MESSAGES = [system("Be   brief.  "), system("Be   brief.  "), user("hi  there"), assistant("hello  again"),
+            user("last  one ")]
 
 
 async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Callable[[str], int]) -> None:
@@ -47,7 +48,8 @@ async def test_trims_and_records_saving_with_the_engine_tokenizer(edge_count: Ca
     ctx = _ctx([dict(m) for m in MESSAGES])
     ctx.lane = "edge"
     assert await stage.run(ctx) is None
-    assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi there", "hello", "last one"]
+    # the users' own words byte for byte; the system prompt and the assistant's turn normalised
+    assert [m["content"] for m in ctx.body["messages"]] == ["Be brief.", "hi  there", "hello again", "last  one "]
     total = sum(ctx.trim_saved.values())
     assert total > 0 and set(ctx.trim_saved) == {"whitespace", "duplicates"}
     assert ctx.attributes["tierlane.trim.tokens_saved"] == total
@@ -109,7 +111,7 @@ async def test_policy_switches_it_off_per_tenant() -> None:
 async def test_large_bodies_are_trimmed(edge_count: Callable[[str], int]) -> None:
     stage = build(_services(engine=EdgeTokenizer(edge_count)))
     big = "word  " * 5000
-    ctx = _ctx([user(big), assistant("ok"), user("q")])
+    ctx = _ctx([system(big), assistant("ok"), user("q")])
     await stage.run(ctx)  # type: ignore[union-attr]
     assert ctx.body["messages"][0]["content"] == big.rstrip().replace("  ", " ")
 
@@ -161,9 +163,9 @@ async def test_a_small_request_is_trimmed_on_the_loop_and_a_large_one_on_a_threa
     small.lane = "upstream"
     await stage.run(small)
     assert handed == []  # trimmed without leaving the loop, the same way
-    assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi there", "hello", "last one"]
+    assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi  there", "hello again", "last  one "]
     assert small.response_headers["x-tierlane-trim"].endswith(";estimated")
-    for ctx in (_ctx([user("word  " * 100)]), _ctx([dict(m) for m in MESSAGES])):
+    for ctx in (_ctx([system("word  " * 100)]), _ctx([dict(m) for m in MESSAGES])):
         ctx.lane = "edge" if len(ctx.body["messages"]) > 1 else "upstream"  # the engine's tokenizer: a thread
         await stage.run(ctx)
     assert handed == [trim_request, trim_request]

@@ -75,15 +75,15 @@ def test_pre_blocks_are_left_alone() -> None:
     assert normalise_whitespace(text) == text  # and the prose beside it: the text carries code
 
 
-def test_last_user_message_is_never_dropped_and_reads_as_it_will_next_turn(edge_count: Callable[[str], int]) -> None:
-    # NOTE: the lossless passes rewrite it like any other message: next turn, when it is no longer
-    # last, it reads the same, so the provider's cached prefix stays byte-stable across turns
+def test_user_messages_are_sent_byte_for_byte_and_read_the_same_next_turn(edge_count: Callable[[str], int]) -> None:
+    # the user's own words are never rewritten: the newest reaches the upstream as the client sent
+    # it, and an earlier one reads as it did when it was the newest, so the cached prefix holds
     last = "  what   about\n\n\n\nthis?  "
-    body = {"messages": [user("hi.  there"), assistant("hello"), user(last)]}
+    body = {"messages": [user("hi.  there"), assistant("hello.  Ask  away"), user(last)]}
     out = trim_request(body, _default(), edge_count)
     later = trim_request({"messages": [*body["messages"], assistant("that"), user("ok")]}, _default(), edge_count)
     assert out.body["messages"] == later.body["messages"][:3]
-    assert out.body["messages"][0]["content"] == "hi. there"
+    assert [m["content"] for m in out.body["messages"]] == ["hi.  there", "hello. Ask away", last]
 
 
 def test_repeated_system_prompt_and_retried_message_are_dropped(edge_count: Callable[[str], int]) -> None:
@@ -104,11 +104,13 @@ def test_retry_of_the_last_user_message_keeps_the_last_one() -> None:
 
 def test_repeated_lines_collapse_to_a_count(edge_count: Callable[[str], int]) -> None:
     log = "start\n" + "WARN retrying connection to db-1\n" * 40 + "done"
-    body = {"messages": [user("it said:\n" + log), assistant("odd"), user("and?")]}
+    body = {"messages": [user("what did it say?"), assistant("it said:\n" + log), user("and?"),
+                         assistant("ok"), user("pasted:\n" + log)]}
     out = trim_request(body, _default(), edge_count)
-    got = out.body["messages"][0]["content"]
+    got = out.body["messages"][1]["content"]
     assert got == "it said:\nstart\nWARN retrying connection to db-1\n[previous line repeated 39 more times]\ndone"
     assert out.saved["boilerplate"] > 0 and out.lossless_saved == out.tokens_saved
+    assert out.body["messages"][4]["content"] == "pasted:\n" + log  # a user's own paste is sent as it came
 
 
 def test_long_tool_output_keeps_head_and_tail_once_the_model_has_seen_it(edge_count: Callable[[str], int]) -> None:
@@ -188,7 +190,8 @@ def test_pinned_messages_survive_the_window(edge_count: Callable[[str], int]) ->
 
 def test_content_parts_and_images(edge_count: Callable[[str], int]) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    body = {"messages": [user([{"type": "text", "text": "look   at  this  "}, image]), assistant("ok"), user("and?")]}
+    body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "look   at  this  "}, image]},
+                         assistant("ok"), user("and?")]}
     out = trim_request(body, _default(), edge_count)
     parts = out.body["messages"][0]["content"]
     assert parts == [{"type": "text", "text": "look at this"}, image]
