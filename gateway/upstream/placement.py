@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -70,13 +71,57 @@ def session_id(session: SessionKey) -> str:
     return hashlib.blake2b(orjson.dumps(["session", session.tenant, session.name]), digest_size=16).hexdigest()
 
 
+@dataclass(slots=True)
+class _PoolTable:
+    """One pool's sessions, oldest use first, and each member's count of live sessions.
+
+    NOTE: every use moves a session to the end, so the sessions past their TTL are always at the
+    front: expiring them pops from there and stops at the first live one. A placement then costs
+    O(candidates) plus the sessions that expired since the last one, never O(live sessions)."""
+
+    sessions: OrderedDict[str, tuple[str, float]] = field(default_factory=OrderedDict)  # sid -> (member, last use)
+    live: dict[str, int] = field(default_factory=dict)  # member -> sessions used within the TTL
+
+    def drop_oldest(self) -> None:
+        _, (member, _) = self.sessions.popitem(last=False)
+        self._leave(member)
+
+    def expire(self, now: float, ttl_s: float) -> None:
+        sessions = self.sessions
+        while sessions:
+            sid = next(iter(sessions))
+            if now - sessions[sid][1] <= ttl_s:
+                return
+            self.drop_oldest()
+
+    def _leave(self, member: str) -> None:
+        left = self.live[member] - 1
+        if left:
+            self.live[member] = left
+        else:
+            del self.live[member]
+
+    def use(self, sid: str, member: str, now: float, previous: str | None) -> None:
+        if previous is not None:
+            self._leave(previous)
+        self.sessions[sid] = (member, now)
+        self.sessions.move_to_end(sid)
+        self.live[member] = self.live.get(member, 0) + 1
+
+
+# Sessions a pool's table keeps at most (the least recently used are forgotten past it, and placed
+# afresh should they come back): a client minting a session per request fills the TTL's worth
+# (session_ttl_s x requests/s) and no more than this, about 150 bytes each.
+MAX_SESSIONS = 250_000
+
+
 @dataclass
 class LocalPlacement:
     """The table in this process: for one replica (or replicas that each serve whole sessions)."""
 
     clock: Callable[[], float] = time.monotonic
-    _home: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # (pool, session) -> (member, last use)
-    _members: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # (pool, member) -> session -> last use
+    max_sessions: int = MAX_SESSIONS
+    _pools: dict[str, _PoolTable] = field(default_factory=dict)
 
     async def place(self, pool: str, session: SessionKey, candidates: Sequence[Candidate],
                     ttl_s: float) -> Placed | None:
@@ -84,35 +129,30 @@ class LocalPlacement:
 
     def place_now(self, pool: str, sid: str, candidates: Sequence[Candidate], ttl_s: float) -> Placed | None:
         now = self.clock()
-        home = self._home.get((pool, sid))
-        current = home[0] if home is not None and now - home[1] <= ttl_s else None
+        table = self._pools.get(pool)
+        if table is None:
+            table = self._pools[pool] = _PoolTable()
+        table.expire(now, ttl_s)
+        home = table.sessions.get(sid)
+        current = home[0] if home is not None else None
         allowed = [c for c in candidates if c.may]
         if current is not None and any(c.name == current for c in allowed):
             pick, moved = current, False
         else:
             if not allowed:
                 return None
-            pick = min(enumerate(allowed), key=lambda ic: (ic[1].level, self._live(pool, ic[1].name, now, ttl_s), ic[0]))[1].name
+            live = table.live
+            pick = min(enumerate(allowed), key=lambda ic: (ic[1].level, live.get(ic[1].name, 0), ic[0]))[1].name
             moved = current is not None
-            if current is not None:
-                self._members.get((pool, current), {}).pop(sid, None)
-        self._home[(pool, sid)] = (pick, now)
-        self._members.setdefault((pool, pick), {})[sid] = now
-        if len(self._home) > 4 * sum(len(s) for s in self._members.values()) + 1024:
-            self._forget_expired(now, ttl_s)
+        table.use(sid, pick, now, current)
+        while len(table.sessions) > self.max_sessions:
+            table.drop_oldest()
         return Placed(pick, moved)
 
-    def _live(self, pool: str, member: str, now: float, ttl_s: float) -> int:
-        sessions = self._members.get((pool, member))
-        if not sessions:
-            return 0
-        for sid in [s for s, last in sessions.items() if now - last > ttl_s]:
-            del sessions[sid]
-        return len(sessions)
-
-    def _forget_expired(self, now: float, ttl_s: float) -> None:
-        for key in [k for k, (_, last) in self._home.items() if now - last > ttl_s]:
-            del self._home[key]
+    def sessions(self, pool: str) -> int:
+        """The sessions the table holds for `pool` (used within the TTL, at most `max_sessions`)."""
+        table = self._pools.get(pool)
+        return len(table.sessions) if table is not None else 0
 
     async def close(self) -> None:
         return None

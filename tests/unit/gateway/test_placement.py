@@ -166,6 +166,34 @@ def test_a_store_that_does_not_answer_leaves_the_turn_to_the_walk(valkey):
     asyncio.run(main())
 
 
+def test_sessions_that_expired_together_are_cleared_a_few_per_placement_and_never_counted(valkey):
+    import redis
+
+    client = redis.Redis.from_url(valkey.url)
+    tag = "t:{place:p}"
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    expired = {f"old{n}": now_ms - 400_000 for n in range(5_000)}  # past a 300 s TTL
+    client.zadd(f"{tag}:m:gpu0", expired)  # a flood's sessions, all ended at once, on gpu0
+
+    async def main() -> list[str]:
+        table = SharedPlacement(valkey.url, key_prefix="t:", connect_timeout_s=2, op_timeout_s=2)
+        try:
+            members = []
+            for n in range(3):
+                placed = await table.place("p", SessionKey("t", f"new{n}"), _all(), 300)
+                assert placed is not None
+                members.append(placed.member)
+                # one script call removes a bounded number of them, not all 5,000 in one command
+                assert 5_000 - 64 * (n + 1) <= client.zcard(f"{tag}:m:gpu0") < 5_000
+            return members
+        finally:
+            await table.close()
+
+    # expired sessions do not count: the new sessions spread as if gpu0 held none
+    assert sorted(asyncio.run(main())) == sorted(MEMBERS)
+
+
 # -- the pool reads the table before it picks ----------------------------------------------------
 
 
@@ -253,3 +281,46 @@ def test_a_new_session_goes_where_its_shared_prefix_was_sent_unless_that_member_
         assert await first("c", 5) == b
 
     asyncio.run(main())
+
+
+class CountingTime(float):
+    """A clock reading that counts the ages computed from it (`now - last use`)."""
+
+    ages = 0
+
+    def __sub__(self, other: float) -> float:
+        CountingTime.ages += 1
+        return float(self) - other
+
+
+def test_a_first_turn_costs_the_same_whatever_the_number_of_live_sessions():
+    # a client minting a session per request: the table holds thousands of live sessions, and
+    # placing one more must not look at them (it once counted each member's sessions one by one)
+    clock = Clock()
+    table = LocalPlacement(clock=lambda: CountingTime(clock()))
+    for live in (100, 20_000):
+        while table.sessions("p") < live:
+            clock.now += 0.001
+            table.place_now("p", f"s{clock.now}", _all(), 300)
+        CountingTime.ages = 0
+        for n in range(10):
+            clock.now += 0.001
+            assert table.place_now("p", f"new{live}-{n}", _all(), 300) is not None
+        assert CountingTime.ages <= 20, (live, CountingTime.ages)  # ages looked at in 10 first turns
+
+
+def test_the_table_forgets_expired_and_least_recently_used_sessions_and_counts_only_what_it_holds():
+    clock = Clock()
+    table = LocalPlacement(clock=clock, max_sessions=50)
+    for s in range(120):
+        clock.now += 1
+        table.place_now("p", f"s{s}", _all(), 300)
+    assert table.sessions("p") == 50  # bounded: the oldest 70 were forgotten
+    # the counts that break ties are the sessions held: 50 spread as evenly as they were placed
+    counts = table._pools["p"].live
+    assert sum(counts.values()) == 50 and max(counts.values()) - min(counts.values()) <= 1
+    recent = table.place_now("p", "s119", _all(), 300)
+    assert recent is not None and not recent.moved  # a held session stays
+    clock.now += 301  # every session is past the TTL: the next placement clears them
+    table.place_now("p", "fresh", _all(), 300)
+    assert table.sessions("p") == 1 and sum(table._pools["p"].live.values()) == 1
