@@ -79,17 +79,23 @@ class MaskPlan:
         return MaskPlan((), 0, 0, False, 0)
 
 
-def _tool_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
-    names: dict[str, str] = {}
+def _tool_names(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Per position, the name of the tool whose call a tool result answers: the call with its id in
+    the nearest assistant message before it. NOTE: not the last call with that id in the whole
+    conversation: clients that reuse ids across turns would otherwise change an already-masked
+    placeholder whenever a later call reuses the id, rewriting the cached prefix every turn."""
+    names: list[str] = []
+    calls: dict[str, str] = {}
     for message in messages:
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("id"), str):
-                names[call["id"]] = str((call.get("function") or {}).get("name") or "tool")
+                calls[call["id"]] = str((call.get("function") or {}).get("name") or "tool")
+        names.append(calls.get(str(message.get("tool_call_id")), "tool") if message.get("role") in TOOL_ROLES else "")
     return names
 
 
-def placeholder(message: dict[str, Any], tokens: int, names: dict[str, str]) -> str:
-    return PLACEHOLDER.format(tool=names.get(str(message.get("tool_call_id")), "tool"), tokens=tokens)
+def placeholder(message: dict[str, Any], tokens: int, tool: str) -> str:
+    return PLACEHOLDER.format(tool=tool, tokens=tokens)
 
 
 def plan(messages: Sequence[dict[str, Any]], policy: AgentContextPolicy, prices: CachePrices,
@@ -106,7 +112,7 @@ def plan(messages: Sequence[dict[str, Any]], policy: AgentContextPolicy, prices:
         if m.get("role") in TOOL_ROLES and isinstance(m.get("content"), str):
             body = count_text("".join(texts(m)))
             if body >= policy.min_result_tokens:
-                gain[i] = max(0, body - count_text(placeholder(m, body, names)))
+                gain[i] = max(0, body - count_text(placeholder(m, body, names[i])))
     assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if len(assistants) <= policy.keep_turns or not any(gain):
         return MaskPlan.none()
@@ -157,5 +163,5 @@ def apply(messages: list[dict[str, Any]], chosen: MaskPlan, count_text: Callable
     for i in chosen.masked:
         message = messages[i]
         tokens = count_text("".join(texts(message)))
-        out[i] = {**message, "content": placeholder(message, tokens, names)}
+        out[i] = {**message, "content": placeholder(message, tokens, names[i])}
     return out

@@ -13,15 +13,17 @@ from policies.trim.messages import TokenCounter, estimate_tokens
 ON = {"agent_context": {"mode": "on", "keep_turns": 3}}
 
 
-def session(turns: int, file_lines: int = 300) -> list[list[dict[str, Any]]]:
-    """Each request of an agent session that reads a file per turn: request t holds t tool turns."""
+def session(turns: int, file_lines: int = 300, ids: int | None = None) -> list[list[dict[str, Any]]]:
+    """Each request of an agent session that reads a file per turn: request t holds t tool turns.
+    `ids`: call ids repeat with this period (some clients number calls per turn), the tools alternate."""
     system = {"role": "system", "content": "You are a coding agent. Use the tools."}
     history: list[dict[str, Any]] = [system, {"role": "user", "content": "Fix the failing test."}]
     requests = [list(history)]
     for t in range(turns):
-        call = f"call_{t}"
+        call = f"call_{t if ids is None else t % ids}"
+        tool = "Read" if ids is None or t % 2 == 0 else "Cat"
         history.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call, "type": "function", "function": {"name": "Read", "arguments": f'{{"file_path": "f{t}.py"}}'}}]})
+            {"id": call, "type": "function", "function": {"name": tool, "arguments": f'{{"file_path": "f{t}.py"}}'}}]})
         listing = "".join(f"{n:>6}\tvalue_{t}_{n} = compute({n}, {t})  # step {n}\n" for n in range(1, file_lines))
         history.append({"role": "tool", "tool_call_id": call, "content": listing})
         requests.append(list(history))
@@ -83,6 +85,21 @@ def test_old_results_are_masked_in_steps_and_the_prefix_is_stable_between_them()
     # the last keep_turns turns are never touched
     recent = [p for p, m in enumerate(last) if m["role"] == "tool"][-3:]
     assert not set(recent) & set(mask.masked)
+
+
+def test_call_ids_reused_across_turns_leave_masked_results_as_they_were_and_name_their_own_tool() -> None:
+    requests = session(30, ids=3)
+    out = sent(requests, ON)
+    steps = [i for i, (_, mask) in enumerate(out) if mask.step]
+    for i in range(1, len(out)):
+        before, after = out[i - 1][0], out[i][0]
+        if i not in steps:  # a later call reusing an id never changes an earlier placeholder
+            assert after[:len(before)] == before, i
+    last, mask = out[-1]
+    assert mask.masked
+    for position in mask.masked:
+        tool = last[position - 1]["tool_calls"][0]["function"]["name"]  # the call this result answers
+        assert last[position]["content"].startswith(f"[tierlane: the output of this {tool} call ("), position
 
 
 def test_masking_bills_less_than_sending_everything_on_a_caching_provider() -> None:
