@@ -133,10 +133,12 @@ def build_middleware(keys: KeyTable) -> Middleware:
             err = GatewayError(exc.reason or "request failed", status=exc.status, type="invalid_request_error")
             return error_response(err, rid, received, render=render)
         except ConnectionError:
-            # the client left while its answer was written (the ledger row says 499): aiohttp drops the
-            # connection quietly; nothing failed on the gateway's side
+            # The client left while its answer was written (the ledger row says 499): nothing failed on
+            # the gateway's side. NOTE: returned, not raised: aiohttp logs a handler's exception as an
+            # ERROR with its traceback, while writing this answer to the closed connection fails in
+            # its own quiet path (a ConnectionError there ends the request without a log line).
             log.debug("client left during request %s", rid)
-            raise
+            return web.Response(status=499)
         except Exception as exc:
             log.exception("unhandled error in request %s", rid)
             return error_response(render_unexpected(exc), rid, received, render=render)

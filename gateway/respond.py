@@ -212,9 +212,14 @@ async def _stream(
         err = as_gateway_error(exc) or render_unexpected(exc)
         outcome.status, outcome.error_code = err.status, err.code or err.type
         await _try_write(response, encoder.error(err))
-    except (asyncio.CancelledError, *_CLIENT_GONE):
+    except asyncio.CancelledError:
         outcome.status, outcome.error_code = 499, "client_closed_request"
         raise
+    except _CLIENT_GONE:
+        # the client left mid-stream: a 499 in the ledger and a debug line, not an error (the
+        # response goes back to aiohttp, whose end of it on a closed connection is quiet)
+        outcome.status, outcome.error_code = 499, "client_closed_request"
+        log.debug("client left during the stream of request %s", ctx.request_id)
     except Exception as exc:
         log.exception("stream failed for request %s", ctx.request_id)
         err = render_unexpected(exc)

@@ -34,7 +34,7 @@ class RunningApp:
     def __init__(self, loop: BackgroundLoop, app: web.Application, **runner_kwargs: Any) -> None:
         self._loop = loop
         self.app = app
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **runner_kwargs)
+        self._runner = web.AppRunner(app, **{"handler_cancellation": True, "access_log": None, **runner_kwargs})
         self.port = loop.call(self._start())
 
     async def _start(self) -> int:
