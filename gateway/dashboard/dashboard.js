@@ -149,7 +149,7 @@
     if (d.warning) { $("notice").hidden = false; $("notice").className = "notice"; $("notice").textContent = d.warning; }
     $("tenant-field").hidden = d.scope === "tenant";
     renderHeadline(d.headline);
-    renderSeries($("chart-requests"), d.series, "requests", fmtInt);
+    renderSeries($("chart-requests"), d.series, "requests", fmtInt, fmtInt, true);
     renderSeries($("chart-cost"), d.series, "cost_usd", fmtUsd, (v) => "$" + Number(v.toPrecision(3)).toLocaleString("en-US"));
     renderBreakdown(d.breakdown);
     renderWarnings(d.warnings || []);
@@ -203,19 +203,21 @@
       $("headline").append(c);
     }
   }
-  // the top of an axis with `ticks` round steps (1, 2 or 5 times a power of ten) that reaches v
-  function niceMax(v, ticks) {
+  // the top of an axis with `ticks` round steps (1, 2 or 5 times a power of ten) that reaches v;
+  // a count axis (`whole`) steps by 1 at least, so no tick is a fraction rounded onto its neighbour's label
+  function niceMax(v, ticks, whole) {
     if (!(v > 0)) return ticks;
+    if (whole && v <= ticks) return ticks;
     const raw = v / ticks, p = Math.pow(10, Math.floor(Math.log10(raw)));
     for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p * ticks;
     return 10 * p * ticks;
   }
-  function renderSeries(node, series, measure, fmt, tickFmt) {
+  function renderSeries(node, series, measure, fmt, tickFmt, whole) {
     const labels = series.labels, lanes = Object.keys(series.lanes);
     const W = 960, H = 220, L = 64, B = 34, T = 8, R = 8;
     const n = Math.max(1, labels.length);
     const totals = labels.map((_, i) => lanes.reduce((s, lane) => s + (series.lanes[lane][measure][i] || 0), 0));
-    const max = niceMax(Math.max(0, ...totals), 4);
+    const max = niceMax(Math.max(0, ...totals), 4, whole);
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": measure + " by lane" });
     const plotW = W - L - R, plotH = H - T - B, step = plotW / n, barW = Math.max(1, step * 0.8);
     for (let g = 0; g <= 4; g++) {
@@ -252,7 +254,7 @@
   function renderHistogram(node, sets) {
     const bins = sets[0].values.length, W = 460, H = 160, L = 48, B = 24, T = 6, R = 10;
     const totals = Array.from({ length: bins }, (_, b) => sets.reduce((s, set) => s + (set.values[b] || 0), 0));
-    const max = niceMax(Math.max(0, ...totals), 2);
+    const max = niceMax(Math.max(0, ...totals), 2, true);
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
     const plotW = W - L - R, plotH = H - T - B, step = plotW / bins;
     for (let g = 0; g <= 2; g++) {

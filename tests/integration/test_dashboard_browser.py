@@ -134,6 +134,18 @@ def headline(page: Any) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if v != ""}
 
 
+COUNT_CHARTS = ("#chart-requests", "#chart-confidence", "#chart-similarity")
+
+
+def count_ticks(page: Any, chart: str) -> list[float]:
+    """A count axis's labels as drawn, bottom up, checked to be whole numbers in even steps (no label twice)."""
+    labels = page.eval_on_selector_all(f"{chart} svg text[text-anchor=end]", "els => els.map(e => e.textContent)")
+    values = [float(label.replace(",", "")) for label in labels]
+    steps = {b - a for a, b in zip(values, values[1:], strict=False)}
+    assert all(v.is_integer() for v in values) and len(steps) <= 1 and all(d > 0 for d in steps), (chart, labels)
+    return values
+
+
 def open_page(context: Any, base: str, **params: str) -> Any:
     page = context.new_page()
     query = "&".join(f"{k}={v}" for k, v in params.items())
@@ -177,6 +189,9 @@ def test_dashboard_in_a_real_browser(
         days = [open_page(admin, base, **{"from": d.isoformat(), "to": d.isoformat(), "tz": TZ})
                 for d in (first + dt.timedelta(days=i) for i in range(6))]  # fmt: skip
         per_day = [headline(p) for p in days]
+        # days with one request an hour, one edge answer, one cache hit: count axes step by whole numbers
+        ticks = {chart: [count_ticks(p, chart) for p in days] for chart in COUNT_CHARTS}
+        assert all(any(t and t[-1] <= 4 for t in ticks[chart]) for chart in COUNT_CHARTS), ticks
         for p in days:
             p.close()
         assert sum(h["requests"] for h in per_day) == shown["requests"]
