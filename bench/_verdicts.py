@@ -462,6 +462,25 @@ def _hostile_inputs(d: dict[str, Any]) -> list[Record]:
     ]
 
 
+def _soak(d: dict[str, Any]) -> list[Record]:
+    n = d.get("requests")
+    base, tail = d.get("baseline_minutes"), d.get("tail_minutes")
+    window = f"minutes {tail[0]}-{tail[1]} against {base[0]}-{base[1]}" if base and tail else "tail against baseline"
+    mismatched = d.get("ledger_mismatched_tenants")
+    return [
+        target(f"p50 of the last 10 minutes / minutes 2-11 ({window})", (d.get("p50_ms") or {}).get("ratio"), "<=", 1.2,
+               n=n, n_of="requests"),
+        target(f"p99 of the last 10 minutes / minutes 2-11 ({window})", (d.get("p99_ms") or {}).get("ratio"), "<=", 1.2,
+               n=n, n_of="requests"),
+        target("RSS growth over the last 20 minutes (end / start)", d.get("rss_growth_last_20_min"), "<=", 1.05),
+        target("state directory growth over the last 20 minutes (end / start)", d.get("state_growth_last_20_min"), "<=", 1.05),
+        target("5xx answers", d.get("responses_5xx"), "==", 0, n=n, n_of="requests"),
+        target("answers neither a success nor a clear error (or no answer)", d.get("unclear"), "==", 0, n=n, n_of="requests"),
+        target("tenants whose ledger total differs from what they sent", None if mismatched is None else len(mismatched),
+               "==", 0, n=d.get("sent_metered"), n_of="metered requests"),
+    ]
+
+
 def _hostile_state(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     stall = d.get("route_bound_stall") or {}
@@ -475,6 +494,19 @@ def _hostile_state(d: dict[str, Any]) -> list[Record]:
     if "overshoot_requests" in over:
         out.append(target("stored responses over the quota under 64 concurrent requests, in requests",
                           over["overshoot_requests"], "<=", 1, n=sum(over.get("statuses", {}).values()), n_of="requests"))
+    for case, r in ((d.get("edge_pull") or {}).get("cases") or {}).items():
+        if "bound_s" in r:
+            stopped = r["error"] is not None  # a drip that ended on its own would not be this case
+            out.append(target(f"edge pull ({case}): seconds until it stopped, over its bound",
+                              round(r["stopped_s"] / r["bound_s"], 4) if stopped else None, "<=", 1, n=1, n_of="pull",
+                              note=f"stopped after {r['stopped_s']} s, bound {r['bound_s']:g} s"))
+        else:
+            out.append(target(f"edge pull ({case}): bytes written at most, over the size bound",
+                              round(r["bytes_written_max"] / r["bound_bytes"], 4), "<=", 1, n=1, n_of="pull",
+                              note=f"{r['bytes_written_max']} of {r['bound_bytes']} bytes; partial file removed: "
+                                   f"{r['part_file_bytes'] is None}"))
+            out.append(target(f"edge pull ({case}): partial file left, bytes", r["part_file_bytes"] or 0, "==", 0,
+                              n=1, n_of="pull"))
     for run, r in (d.get("judging_shares") or {}).items():
         out.append(target(f"judging ({run}): the light tenant's judged, as a share of an equal share",
                           r["light_share_of_equal"], ">=", 0.4, n=r["flood"] + r["light"], n_of="judged or queued",
@@ -713,6 +745,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "agents": _agents,
     "agent_sessions": _agent_sessions,
     "hostile_inputs": _hostile_inputs,
+    "soak": _soak,
     "image": _image,
     "agreement_judge": _agreement_judge,
     "cache_error_bound": _cache_error_bound,
