@@ -171,7 +171,7 @@ async def one(session: aiohttp.ClientSession, url: str, mix: Mix, tally: Tally, 
                     mix.chains[tenant] = (made["id"], length)
                 elif stream and b"[DONE]" not in payload:
                     status = "stream_error"  # ended with an error event (the upstream cut it): a clear error
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         tally.unclear.append(f"{kind} {type(exc).__name__}")
     finally:
         tally.outstanding -= 1
