@@ -6,6 +6,9 @@ span and in the `x-tierlane-dropped` header). Types of the fields the gateway kn
 validated. Tools the provider would run itself (web search, file search, code interpreter, MCP
 servers, ...) cannot run behind a chat upstream: they are dropped and recorded too, so the model
 simply does not call them, unless the operator asks for a 400 (`apis.hosted_tools: reject`).
+A custom tool's grammar (Codex's `apply_patch`) is not enforced by any lane but not dropped either:
+it is stated at the end of the function's description (responses_tools), the same text every turn;
+only a format that cannot be stated so is dropped as `tools.format`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A chat upstream knows one kind of tool, the function with JSON arguments. The Re
 more that the *client* runs, and they translate without loss:
 - `function` tools, also nested in a `namespace` (Codex groups its tools so): function tools;
 - `custom` tools (freeform text input, optionally constrained by a grammar, e.g. Codex's
-  `apply_patch`): a function with one string argument `input`, whose calls go back as
-  `custom_tool_call` items carrying that text;
+  `apply_patch`): a function with one string argument `input`, the grammar stated at the end of
+  its description (not enforced), whose calls go back as `custom_tool_call` items carrying that text;
 - `tool_search` with `execution: client`: a function with the tool's own parameters, whose calls go
   back as `tool_search_call` items; the `tool_search_output` the client returns adds the tools it
   found for the next call;
@@ -84,14 +84,19 @@ class ToolSet:
             self.chat.append({"type": "function", "function": function})
         elif kind == "custom":
             custom = protocol.check(CustomSpec, tool)
+            description = custom.description or ""
             if custom.format is not None and custom.format.get("type") not in (None, "text"):
-                # NOTE: no lane enforces a Lark grammar (the edge's compiler takes JSON schemas);
-                # the model is asked for the text and the client checks it, as it does anyway.
+                # NOTE: no lane enforces a Lark grammar (the edge's compiler takes JSON schemas): the
+                # model is told it in the description and the client checks the text, as it does anyway
                 self.grammars_not_enforced += 1
-                dropped.add("tools.format")
+                described = grammar_description(custom.format)
+                if described is None:
+                    dropped.add("tools.format")
+                else:
+                    description = f"{description}\n\n{described}" if description else described
             self.chat.append({"type": "function", "function": {
                 "name": self._name(ClientTool("custom", custom.name, namespace)),
-                "description": custom.description or "",
+                "description": description,
                 "parameters": {"type": "object", "properties": {"input": {"type": "string", "description": CUSTOM_SCHEMA_DESCRIPTION}},
                                "required": ["input"], "additionalProperties": False},
             }})
@@ -196,6 +201,16 @@ class CustomSpec(BaseModel):
     name: StrictStr = Field(min_length=1)
     description: StrictStr | None = None
     format: dict[str, Any] | None = None
+
+
+def grammar_description(spec: dict[str, Any]) -> str | None:
+    """What a custom tool's grammar format (`{"type": "grammar", "syntax": "lark", "definition": ...}`)
+    tells the model in a chat function's description; None for a format it cannot state."""
+    definition, syntax = spec.get("definition"), spec.get("syntax")
+    if spec.get("type") != "grammar" or not isinstance(definition, str) or not definition.strip():
+        return None
+    what = {"lark": "Lark grammar", "regex": "regular expression"}.get(str(syntax), "grammar")
+    return f"The input must match this {what}:\n```\n{definition}\n```"
 
 
 def custom_input(arguments: str) -> str:

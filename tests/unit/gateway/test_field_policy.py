@@ -128,11 +128,19 @@ def test_codexs_first_request_translates_every_tool_the_client_runs():
     functions = {t["function"]["name"]: t["function"] for t in body["tools"]}
     assert list(functions) == ["exec_command", "apply_patch", "tool_search"]
     assert functions["apply_patch"]["parameters"]["properties"]["input"]["type"] == "string"
+    # the grammar is not enforced, but the model is told it: what a patch looks like
+    assert functions["apply_patch"]["description"] == ("Edit files. FREEFORM.\n\nThe input must match this Lark "
+                                                       "grammar:\n```\nstart: /.+/\n```")
     assert functions["tool_search"]["parameters"] == TOOL_SEARCH["parameters"]
     assert body["parallel_tool_calls"] is True
     assert set(dropped) == {"reasoning", "include", "prompt_cache_key", "client_metadata", "text.verbosity",
-                            "tools.web_search", "tools.format"}
+                            "tools.web_search"}
     assert tools.grammars_not_enforced == 1
+    # the same bytes every turn, and a format that states no grammar is dropped and named
+    assert orjson.dumps(responses(CODEX_FIRST)[0]["tools"]) == orjson.dumps(body["tools"])
+    odd = {**CODEX_FIRST, "tools": [{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark"}}]}
+    odd_body, odd_dropped, _ = responses(odd)
+    assert odd_body["tools"][0]["function"]["description"] == "Edit files. FREEFORM." and "tools.format" in odd_dropped
     with pytest.raises(InvalidRequest) as err:
         responses(CODEX_FIRST, hosted_tools="reject")
     assert err.value.param == "tools[3].type" and err.value.code == "unsupported_tool"
