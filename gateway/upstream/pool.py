@@ -31,7 +31,7 @@ from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
 from gateway.upstream.placement import Candidate, LocalPlacement, Placement, SharedPlacement
 from gateway.upstream.server_load import ServerLoad, current, keep_scraping
-from gateway.upstream.to_messages import to_messages, with_version
+from gateway.upstream.to_messages import to_messages, translated_headers
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ class UpstreamPool:
         assert upstream.session is not None
         headers = _key_headers(upstream.settings, "/models") if upstream.settings.api_key else {}
         if "chat" not in upstream.settings.apis:
-            headers = with_version(headers)
+            headers = translated_headers(headers)
         try:
             async with upstream.session.get(
                 upstream.settings.base_url + "/models", headers=headers, timeout=aiohttp.ClientTimeout(total=3)
@@ -501,7 +501,9 @@ class UpstreamPool:
                     sent = payloads[key] = (orjson.dumps(native.body) if native is not None and as_native
                                             else self._payload(body, cfg, path, wire, session, tenant))
                 if not as_native and wire == "messages":
-                    member_path, member_headers = "/messages", with_version(headers)
+                    # NOTE: a native Messages request keeps the client's `anthropic-*` headers (its body was
+                    # written for them); one the gateway translated goes with the gateway's own
+                    member_path, member_headers = "/messages", translated_headers(headers)
                 reply, failure = await self._attempt(upstream, member_path, sent, member_headers, stream,
                                                      client_authorization)
                 if reply is not None:

@@ -19,9 +19,13 @@ client's order, no id or timestamp made up), but for the marks: the last-block m
 sits on a block that turn N+1 leaves unmarked or marks as its 4th. Anthropic's cache key is the
 content, not the marks (a mark only says where to look up and write), so that move costs no hit.
 
-What Messages cannot carry (n > 1, logprobs, a JSON response format, penalties, ...) is a 400
-naming the field, in the client's API shape; hints that do not change what the answer says
-(`seed`, `store`, `prompt_cache_key`, `reasoning_effort`, ...) are left out.
+What Messages cannot carry (n > 1, logprobs, a JSON response format, penalties, a request with no
+message to answer, ...) is a 400 naming the field, in the client's API shape; hints that do not
+change what the answer says (`seed`, `store`, `prompt_cache_key`, `reasoning_effort`, ...) are left
+out, and so are values Anthropic refuses that ask for nothing (`top_k` of 0 or less, empty stop
+strings). A tool call whose arguments are no JSON object (one cut off by the output limit) goes with
+`input: {}` and its text, as written, in a text block just before it: Anthropic refuses such a call,
+and a conversation carrying one would be refused on every later turn.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
 MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
+# What stands before a tool call whose arguments are no JSON object, the call itself going with none.
+UNPARSED_ARGUMENTS = ("[The arguments of this call of {name} ({id}) are not a JSON object (cut off by the output "
+                      "limit, or malformed), so the call goes with no input. The arguments as written: {arguments}]")
 
 # Fields the translation reads.
 _CARRIED = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
@@ -51,11 +58,14 @@ _IGNORED = frozenset({"stream_options", "seed", "store", "metadata", "service_ti
 _DATA_URI = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.DOTALL)
 
 
-def with_version(headers: Mapping[str, str]) -> dict[str, str]:
-    """`headers` with `anthropic-version`, unless the client sent one."""
-    if any(name.lower() == VERSION_HEADER for name in headers):
-        return dict(headers)
-    return {**headers, VERSION_HEADER: VERSION}
+def translated_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of a Messages request the gateway made itself: the client's `anthropic-*` headers
+    left out and the gateway's own `anthropic-version` in. A client's `anthropic-beta` would opt the
+    operator's account into betas (a 1M context, ...) that the body was not written for and that the
+    tiers' prices do not know."""
+    out = {name: value for name, value in headers.items() if not name.lower().startswith("anthropic-")}
+    out[VERSION_HEADER] = VERSION
+    return out
 
 
 def _refuse(field: str, why: str) -> InvalidRequest:
@@ -94,6 +104,10 @@ def to_messages(body: Mapping[str, Any], default_max_tokens: int | None = None) 
         lead += 1
     system = [block for i in range(lead) for block in _text_blocks(chat[i].get("content"), f"messages[{i}].content")]
     messages = _conversation(chat, lead)
+    if not messages:
+        raise InvalidRequest("the upstream serves the Messages API, which needs at least one user or assistant "
+                             "message with content: this request has none besides its system messages",
+                             param="messages")
     out: dict[str, Any] = {"model": body.get("model")}
     limit = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens or DEFAULT_MAX_TOKENS
     out["max_tokens"] = limit
@@ -112,12 +126,15 @@ def to_messages(body: Mapping[str, Any], default_max_tokens: int | None = None) 
             raise InvalidRequest("the upstream serves the Messages API, whose temperature runs from 0 to 1",
                                  param="temperature")
         out["temperature"] = temperature
-    for name in ("top_p", "top_k"):
-        if body.get(name) is not None:
-            out[name] = body[name]
+    if body.get("top_p") is not None:
+        out["top_p"] = body["top_p"]
+    top_k = body.get("top_k")
+    if isinstance(top_k, int) and top_k > 0:  # 0 and -1 mean "no top-k" elsewhere; Anthropic refuses them
+        out["top_k"] = top_k
     stop = body.get("stop")
-    if stop:
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    stops = [s for s in ([stop] if isinstance(stop, str) else stop or ()) if s]  # Anthropic refuses empty ones
+    if stops:
+        out["stop_sequences"] = stops
     if isinstance(body.get("user"), str) and body["user"]:
         out["metadata"] = {"user_id": body["user"]}
     if body.get("stream"):
@@ -130,6 +147,7 @@ def _conversation(chat: list[Any], start: int) -> list[dict[str, Any]]:
     """The chat messages from `start` as Messages turns: tool results of one exchange in one user turn."""
     out: list[dict[str, Any]] = []
     results: list[dict[str, Any]] | None = None  # the user turn that consecutive tool messages fill
+    held: list[dict[str, Any]] = []  # system text met among one exchange's tool results: after them
     for i in range(start, len(chat)):
         message = chat[i]
         where = f"messages[{i}]"
@@ -142,6 +160,14 @@ def _conversation(chat: list[Any], start: int) -> list[dict[str, Any]]:
                 out.append({"role": "user", "content": results})
             results.append(_tool_result(message, where))
             continue
+        if role in ("system", "developer") and results is not None and _more_results(chat, i + 1):
+            # NOTE: Anthropic takes a user turn's tool_result blocks first: the text of a system message
+            # between two results of one exchange follows the last of them, in the same turn
+            held += _text_blocks(message.get("content"), f"{where}.content")
+            continue
+        if results is not None:
+            results += held
+            held = []
         results = None
         if role in ("system", "developer"):
             # NOTE: a system message after the conversation began stays where it was, as a user turn of
@@ -157,7 +183,18 @@ def _conversation(chat: list[Any], start: int) -> list[dict[str, Any]]:
             raise _refuse(f"{where}.role", f"the role {role!r} is not supported here")
         if blocks:  # a message with nothing in it (empty text) is left out: Messages refuses empty content
             out.append({"role": role, "content": blocks})
+    if results is not None:
+        results += held
     return out
+
+
+def _more_results(chat: list[Any], start: int) -> bool:
+    """Whether a tool message follows from `start` with only system or developer messages before it."""
+    for message in chat[start:]:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("system", "developer"):
+            return role == "tool"
+    return False
 
 
 def _text(text: Any, where: str) -> list[dict[str, Any]]:
@@ -216,6 +253,9 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
             blocks += _text(part.get(kind), f"{where}.content[{j}].{kind}")
     elif content is not None:
         blocks += _text(content, f"{where}.content")
+    refusal = message.get("refusal")
+    if refusal is not None:  # the model's refusal is what it said: dropping it would drop its turn
+        blocks += _text(refusal, f"{where}.refusal")
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise InvalidRequest(f"{where}.tool_calls must be a list", param=f"{where}.tool_calls")
@@ -226,25 +266,30 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
             raise InvalidRequest(f"{at} needs a function with a name", param=at)
         if not isinstance(call.get("id"), str) or not call["id"]:
             raise InvalidRequest(f"{at} needs an id (Messages pairs each tool result with its call by id)", param=f"{at}.id")
-        blocks.append({"type": "tool_use", "id": call["id"], "name": function["name"],
-                       "input": _arguments(function.get("arguments"), f"{at}.function.arguments")})
+        arguments = function.get("arguments")
+        parsed = _arguments(arguments, f"{at}.function.arguments")
+        if parsed is None:
+            blocks.append({"type": "text", "text": UNPARSED_ARGUMENTS.format(name=function["name"], id=call["id"],
+                                                                            arguments=arguments)})
+            parsed = {}
+        blocks.append({"type": "tool_use", "id": call["id"], "name": function["name"], "input": parsed})
     return blocks
 
 
-def _arguments(arguments: Any, where: str) -> Any:
-    """A call's arguments (a JSON string) as the object Messages takes; none given is `{}`."""
+def _arguments(arguments: Any, where: str) -> dict[str, Any] | None:
+    """A call's arguments (a JSON string) as the object Messages takes; none given is `{}`; None for a
+    string that is no JSON object (cut off by the output limit, or malformed)."""
     if arguments is None or arguments == "":
         return {}
     if isinstance(arguments, dict):
         return arguments
+    if not isinstance(arguments, str):
+        raise InvalidRequest(f"{where} must be a string", param=where)
     try:
-        parsed = orjson.loads(arguments) if isinstance(arguments, str) else None
+        parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise InvalidRequest(f"{where} must be a JSON object: the Messages API takes a tool call's input as an object",
-                             param=where)
-    return parsed
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:

@@ -120,10 +120,14 @@ def test_chat_tool_round_trip(claude, stream):
         {"type": "tool_result", "tool_use_id": TOOL_USE_ID, "content": "sunny", "cache_control": MARK}]}
     # the last tool, the conversation's end, and where the previous request ended (its cached prefix)
     assert marked(turn) == ["tools[0]", "messages[0][0]", "messages[2][0]"]
+    # a call cut off by max_tokens (no JSON object) does not make every later turn a 400
     messages[1]["tool_calls"][0]["function"]["arguments"] = '{"city": '
-    with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(messages=messages, **kw)  # type: ignore[call-overload]
-    assert bad.value.body["param"] == "messages[1].tool_calls[0].function.arguments"  # type: ignore[index]
+    messages[2]["content"] = "error: the arguments are not JSON"
+    cut = client.chat.completions.create(messages=messages, **kw)  # type: ignore[call-overload]
+    assert cut.choices[0].message.content == TEXT
+    note, use = claude.rec.bodies[-1]["messages"][1]["content"]
+    assert use == {"type": "tool_use", "id": TOOL_USE_ID, "name": "weather", "input": {}}
+    assert note["type"] == "text" and note["text"].endswith('The arguments as written: {"city": ]')
     with pytest.raises(openai.BadRequestError) as many:
         client.chat.completions.create(messages=messages[:1], n=2, **kw)  # type: ignore[call-overload]
     assert many.value.body["param"] == "n"  # type: ignore[index]
@@ -167,3 +171,25 @@ def test_a_chat_fallback_still_gets_chat(bg, make_gateway):
     assert raw.headers["x-tierlane-upstream"] == "spare" and raw.parse().choices[0].message.content == "from the spare"
     assert spare.bodies[-1]["messages"] == question and "max_tokens" not in spare.bodies[-1]
     spare_up.stop()
+
+
+QUESTION = [{"role": "user", "content": "Capital of France?"}]
+
+
+def test_translated_requests_carry_no_client_anthropic_header_native_ones_do(claude):
+    beta = {"anthropic-beta": "context-1m-2025-08-07", "anthropic-version": "2099-01-01"}
+    sdk(claude).chat.completions.create(model="claude-x", messages=QUESTION, extra_headers=beta)
+    sent = {k.lower(): v for k, v in claude.rec.headers[-1].items()}
+    assert "anthropic-beta" not in sent and sent["anthropic-version"] == "2023-06-01"
+    native = httpx.post(claude.url + "/v1/messages", headers=beta, timeout=30,
+                        json={"model": "claude-x", "max_tokens": 16, "messages": QUESTION})
+    assert native.status_code == 200
+    sent = {k.lower(): v for k, v in claude.rec.headers[-1].items()}
+    assert sent["anthropic-beta"] == beta["anthropic-beta"] and sent["anthropic-version"] == "2099-01-01"
+
+
+def test_a_request_with_nothing_to_answer_is_a_400_in_the_clients_shape(claude):
+    hits = claude.rec.hits
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk(claude).chat.completions.create(model="claude-x", messages=[{"role": "system", "content": "Be brief."}])
+    assert bad.value.body["param"] == "messages" and claude.rec.hits == hits  # type: ignore[index]

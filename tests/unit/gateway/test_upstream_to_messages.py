@@ -9,7 +9,14 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.settings import UpstreamSettings
-from gateway.upstream.to_messages import DEFAULT_MAX_TOKENS, breakpoints, marked, to_messages, unmarked, with_version
+from gateway.upstream.to_messages import (
+    DEFAULT_MAX_TOKENS,
+    breakpoints,
+    marked,
+    to_messages,
+    translated_headers,
+    unmarked,
+)
 
 MARK = {"type": "ephemeral"}
 TOOLS = [
@@ -141,20 +148,84 @@ def test_what_messages_cannot_carry_is_a_400_naming_it(extra, param):
                      prompt_cache_key="s", cache_salt="t", reasoning_effort="low"))
 
 
-def test_bad_tool_call_arguments_are_a_400_naming_the_param():
+CUT = '{"path": "notes.md", "content": "# Notes\\n\\nThe first'  # a file write cut off by max_tokens
+
+
+def test_a_tool_call_cut_off_goes_with_no_input_and_its_text_before_it():
     messages = turn(1)
-    messages[3]["tool_calls"][0]["function"]["arguments"] = '{"path": '
+    messages[3]["tool_calls"][0]["function"]["arguments"] = CUT
+    messages[4]["content"] = "error: the arguments were not valid JSON"
+    out = to_messages(body(messages))
+    note, call, other = unmarked(out["messages"][1]["content"])
+    assert call == {"type": "tool_use", "id": "call_0a", "name": "read", "input": {}}
+    assert note["type"] == "text" and note["text"].endswith(f"The arguments as written: {CUT}]")
+    assert "read" in note["text"] and "call_0a" in note["text"]
+    assert other == {"type": "tool_use", "id": "call_0b", "name": "ls", "input": {}}
+    messages[3]["tool_calls"][0]["function"]["arguments"] = "[1, 2]"  # JSON, but no object
+    assert unmarked(to_messages(body(messages))["messages"][1]["content"])[1]["input"] == {}
+    messages[3]["tool_calls"][0]["function"]["arguments"] = 7
     with pytest.raises(InvalidRequest) as bad:
         to_messages(body(messages))
-    assert bad.value.status == 400 and bad.value.param == "messages[3].tool_calls[0].function.arguments"
-    messages[3]["tool_calls"][0]["function"]["arguments"] = "[1, 2]"  # JSON, but no object
-    with pytest.raises(InvalidRequest):
-        to_messages(body(messages))
+    assert bad.value.param == "messages[3].tool_calls[0].function.arguments"
 
 
-def test_version_header_unless_the_client_sent_one():
-    assert with_version({"x-a": "1"}) == {"x-a": "1", "anthropic-version": "2023-06-01"}
-    assert with_version({"Anthropic-Version": "2024-01-01"}) == {"Anthropic-Version": "2024-01-01"}
+def test_a_conversation_carrying_a_cut_call_stays_prefix_stable():
+    def cut(n: int) -> list[dict[str, Any]]:
+        messages = turn(n)
+        messages[3]["tool_calls"][0]["function"]["arguments"] = CUT
+        return messages
+
+    for n in range(1, 5):
+        before, after = to_messages(body(cut(n))), to_messages(body(cut(n + 1)))
+        for i, message in enumerate(before["messages"]):
+            assert orjson.dumps(unmarked(message)) == orjson.dumps(unmarked(after["messages"][i])), (n, i)
+        assert 1 <= breakpoints(after) <= 4
+    assert orjson.dumps(to_messages(body(cut(2)))) == orjson.dumps(to_messages(body(cut(2))))
+
+
+def test_translated_headers_carry_the_gateways_version_and_no_client_anthropic_header():
+    assert translated_headers({"x-a": "1"}) == {"x-a": "1", "anthropic-version": "2023-06-01"}
+    client = {"Anthropic-Version": "2024-01-01", "anthropic-beta": "context-1m-2025-08-07", "traceparent": "t"}
+    assert translated_headers(client) == {"traceparent": "t", "anthropic-version": "2023-06-01"}
+
+
+@pytest.mark.parametrize("messages", [
+    [], [{"role": "system", "content": "You are terse."}],
+    [{"role": "developer", "content": "Rules."}, {"role": "user", "content": ""}]], ids=["empty", "system", "blank"])
+def test_a_request_with_no_message_to_answer_is_a_400_before_sending(messages):
+    with pytest.raises(InvalidRequest) as refused:
+        to_messages({"model": "m", "messages": messages})
+    assert refused.value.status == 400 and refused.value.param == "messages"
+
+
+def test_an_assistant_refusal_is_kept_as_its_text():
+    messages = [{"role": "user", "content": "Help me."}, {"role": "assistant", "content": None, "refusal": "I can't."},
+                {"role": "user", "content": "Why?"}]
+    out = to_messages({"model": "m", "messages": messages})
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user"]
+    assert unmarked(out["messages"][1]) == {"role": "assistant", "content": [{"type": "text", "text": "I can't."}]}
+
+
+def test_values_anthropic_refuses_that_ask_for_nothing_are_left_out():
+    question = [{"role": "user", "content": "hi"}]
+    for top_k in (0, -1):
+        assert "top_k" not in to_messages({"model": "m", "messages": question, "top_k": top_k})
+    assert to_messages({"model": "m", "messages": question, "top_k": 5})["top_k"] == 5
+    assert "stop_sequences" not in to_messages({"model": "m", "messages": question, "stop": [""]})
+    assert to_messages({"model": "m", "messages": question, "stop": ["", "END"]})["stop_sequences"] == ["END"]
+
+
+def test_a_developer_message_between_tool_results_follows_them():
+    messages = turn(1)
+    messages.insert(5, {"role": "developer", "content": "The second result is late."})  # between the two results
+    out = to_messages(body(messages))
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user"]
+    assert [b["type"] for b in out["messages"][2]["content"]] == ["tool_result", "tool_result", "text"]
+    assert out["messages"][2]["content"][2]["text"] == "The second result is late."
+    # after the last result it stays a turn of its own, as before
+    messages = [*turn(1), {"role": "developer", "content": "Done reading."}]
+    out = to_messages(body(messages))
+    assert unmarked(out["messages"][3]) == {"role": "user", "content": [{"type": "text", "text": "Done reading."}]}
 
 
 def test_apis_must_name_one_api_and_chat_is_not_forced():
