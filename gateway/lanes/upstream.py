@@ -151,7 +151,7 @@ async def _relay_native(ctx: RequestContext, reply: UpstreamReply, api: NativeAp
     ok = blame = False
     waited = time.perf_counter()
     try:
-        async for event in iter_events(reply.response.content, reply.upstream.settings.max_response_bytes):
+        async for event in reply.stream_events():
             ctx.lane_seconds += time.perf_counter() - waited
             if event is DONE:
                 ok = True
@@ -197,7 +197,7 @@ async def _relay_translated(ctx: RequestContext, reply: UpstreamReply,
     last: dict[str, Any] = {}
     waited = time.perf_counter()
     try:
-        async for event in iter_events(reply.response.content, reply.upstream.settings.max_response_bytes):
+        async for event in reply.stream_events():
             ctx.lane_seconds += time.perf_counter() - waited
             if event is DONE:
                 break

@@ -7,7 +7,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple
@@ -29,14 +29,19 @@ from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.held import ERROR_STATUSES, hold
 from gateway.upstream.placement import Candidate, LocalPlacement, Placement, SharedPlacement
 from gateway.upstream.server_load import ServerLoad, current, keep_scraping
+from gateway.upstream.sse import ErrorEvent, iter_events
 from gateway.upstream.to_messages import to_messages, translated_headers
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({429, 502, 503})
-UNHEALTHY_STATUSES = frozenset({502, 503, 504})  # answers that say the upstream itself is in trouble
+RETRY_STATUSES = frozenset({429, 502, 503, 529})  # 529: Anthropic's overload
+# A member without chat (api.anthropic.com) also retries its 500 (`api_error`, a failure inside Anthropic);
+# elsewhere a 500 may be a server's answer to a body it cannot take (llama.cpp's), which no retry changes.
+MESSAGES_RETRY_STATUSES = RETRY_STATUSES | {500}
+UNHEALTHY_STATUSES = frozenset({502, 503, 504, 529})  # answers that say the upstream itself is in trouble
 # The half-open probe: GET {base_url}/models, given this long at most.
 PROBE_TIMEOUT_S = 5.0
 HOP_BY_HOP = frozenset(
@@ -158,7 +163,15 @@ class UpstreamReply:
     native: bool = False  # the member served the client's own API: the reply is in that API's shape
     api: str = "chat"  # the API the member answered in: "messages" for a member without chat (translated, or native)
     sent_at: float = 0.0  # time.monotonic() when the request went out (the member's `sent_at` holds it until release)
+    events: AsyncIterator[Any] | None = None  # a Messages stream read up to its first content (held.py)
     _pool: UpstreamPool | None = None
+
+    def stream_events(self) -> AsyncIterator[Any]:
+        """The stream's events (`sse.iter_events`), those the pool read already first."""
+        assert self.response is not None
+        if self.events is not None:
+            return self.events
+        return iter_events(self.response.content, self.upstream.settings.max_response_bytes)
 
     def release(self, ok: bool = True, blame: bool | None = None) -> None:
         """Give the connection back (`ok`) or drop it; `blame` counts a failure on the breaker."""
@@ -505,7 +518,7 @@ class UpstreamPool:
                     # written for them); one the gateway translated goes with the gateway's own
                     member_path, member_headers = "/messages", translated_headers(headers)
                 reply, failure = await self._attempt(upstream, member_path, sent, member_headers, stream,
-                                                     client_authorization)
+                                                     client_authorization, wire == "messages")
                 if reply is not None:
                     reply.attempts = attempts
                     reply.native = as_native
@@ -563,8 +576,11 @@ class UpstreamPool:
         headers: Mapping[str, str],
         stream: bool,
         client_authorization: str | None,
+        holds: bool = False,
     ) -> tuple[UpstreamReply | None, _Failure | None]:
-        """One try. Returns (reply, None) or (None, why it failed and whether to try again)."""
+        """One try. Returns (reply, None) or (None, why it failed and whether to try again).
+
+        `holds`: a 2xx stream is a Messages one, read up to its first content here (held.py)."""
         cfg = upstream.settings
         assert upstream.session is not None, "UpstreamPool.start() was not awaited"
         out_headers = dict(headers)
@@ -607,7 +623,7 @@ class UpstreamPool:
             reply.release(ok=False)
             raise
         reply.status = resp.status
-        if resp.status in RETRY_STATUSES:
+        if resp.status in (RETRY_STATUSES if "chat" in cfg.apis else MESSAGES_RETRY_STATUSES):
             wait = retry_after_seconds(resp.headers.get("Retry-After"))
             error = await _error_from(resp, upstream, wait)
             resp.release()
@@ -617,11 +633,22 @@ class UpstreamPool:
                 # Too long to wait here: another member may take it, else the client hears it.
                 return None, _Failure(error, retry=True, same_member=False)
             return None, _Failure(error, retry=True, same_member=True, delay=max(backoff, wait or 0.0))
-        if stream and 200 <= resp.status < 300:
-            reply.response = resp
-            return reply, None
         try:
+            if stream and 200 <= resp.status < 300:
+                reply.response = resp
+                if holds:
+                    reply.events = await hold(iter_events(resp.content, cfg.max_response_bytes))
+                return reply, None
             reply.body = await _read_json(resp, cfg.max_response_bytes)
+        except ErrorEvent as exc:
+            # an error before any content reached the client: a failed try, as the status it stands for
+            status = ERROR_STATUSES.get(exc.kind or "")
+            resp.close()
+            reply.release(ok=False, blame=status is not None and status != 429)
+            if status is None:
+                return None, _Failure(exc)
+            error = _status_error(status, upstream, f": {exc.detail} (an error event before the answer's first content)", None)
+            return None, _Failure(error, retry=True, same_member=True, delay=backoff)
         except TimeoutError:
             resp.close()
             reply.release(ok=False)
@@ -669,8 +696,13 @@ async def _error_from(resp: aiohttp.ClientResponse, upstream: Upstream, wait: fl
     except Exception:  # noqa: BLE001 - any unreadable error body gets the generic message
         message = None
     detail = f": {message}" if message else ""
-    if resp.status == 429:
+    return _status_error(resp.status, upstream, detail, wait)
+
+
+def _status_error(status: int, upstream: Upstream, detail: str, wait: float | None) -> GatewayError:
+    """What a retryable failure status is to the client once no member is left to try."""
+    if status == 429:
         return RateLimited(f"upstream {upstream.name!r} is rate limited{detail}", retry_after=wait)
-    if resp.status == 503:
+    if status in (503, 529):
         return UpstreamUnavailable(f"upstream {upstream.name!r} is unavailable{detail}", retry_after=wait)
-    return UpstreamError(f"upstream {upstream.name!r} answered {resp.status}{detail}")
+    return UpstreamError(f"upstream {upstream.name!r} answered {status}{detail}")

@@ -13,6 +13,15 @@ from gateway.errors import BadUpstreamResponse, UpstreamError
 DONE = object()
 
 
+class ErrorEvent(UpstreamError):
+    """An error event in an upstream's stream; `kind` is its error's type (Anthropic's `overloaded_error`, ...)."""
+
+    def __init__(self, message: str, kind: str | None, detail: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.detail = detail  # the event's own message
+
+
 async def iter_events(content: aiohttp.StreamReader, max_bytes: int) -> AsyncIterator[Any]:
     """Yield each `data:` payload decoded from JSON, then DONE on `[DONE]`.
 
@@ -43,7 +52,9 @@ async def iter_events(content: aiohttp.StreamReader, max_bytes: int) -> AsyncIte
             raise BadUpstreamResponse("the upstream sent a malformed stream event") from None
         if isinstance(event, dict) and "error" in event and "choices" not in event:
             err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
-            raise UpstreamError(f"the upstream failed mid-stream: {err.get('message', 'unknown error')}")
+            kind = err.get("type") if isinstance(err.get("type"), str) else None
+            detail = str(err.get("message") or kind or "unknown error")
+            raise ErrorEvent(f"the upstream failed mid-stream: {detail}", kind, detail)
         yield event
     if data:
         payload = b"\n".join(data)

@@ -173,7 +173,82 @@ def test_a_chat_fallback_still_gets_chat(bg, make_gateway):
     spare_up.stop()
 
 
+def overloaded_with_spare(bg: Any, make_gateway: Any, **fail: Any) -> tuple[Any, Recorder, Recorder, list[RunningApp]]:
+    """A Messages member failing as `fail` says (anthropic_app's options), a chat spare pool behind it."""
+    rec, spare = Recorder(), Recorder()
+    ups = [RunningApp(bg, anthropic_app(rec, usage=USAGE, **fail)), RunningApp(bg, fault_app("ok", spare, text="spare"))]
+    gw = make_gateway(upstreams=[upstream_cfg("claude", ups[0].url + "/v1", models=["m"], apis=["messages"], pool="main",
+                                              retries=1, breaker_failures=2, breaker_cooldown_s=3600),
+                                 upstream_cfg("spare", ups[1].url + "/v1", models=["m"], pool="spare")],
+                      pools={"main": {"fallback": ["spare"]}})
+    return gw, rec, spare, ups
+
+
 QUESTION = [{"role": "user", "content": "Capital of France?"}]
+
+
+@pytest.mark.parametrize("status", [529, 500])
+def test_an_overload_or_api_error_is_retried_then_falls_back_and_opens_the_breaker(bg, make_gateway, status):
+    gw, rec, spare, ups = overloaded_with_spare(bg, make_gateway, fail="status", status=status)
+    try:
+        for _ in range(3):
+            raw = sdk(gw).chat.completions.with_raw_response.create(model="m", messages=QUESTION)
+            assert raw.headers["x-tierlane-upstream"] == "spare" and raw.parse().choices[0].message.content == "spare"
+        # asked twice for the first request (its retry), then its breaker (2 failures) is open
+        assert rec.hits == 2 and spare.hits == 3
+    finally:
+        for up in ups:
+            up.stop()
+
+
+def test_an_overloads_long_retry_after_moves_on_at_once(bg, make_gateway):
+    gw, rec, spare, ups = overloaded_with_spare(bg, make_gateway, fail="status", retry_after="3600")
+    try:
+        raw = sdk(gw).chat.completions.with_raw_response.create(model="m", messages=QUESTION)
+        assert raw.headers["x-tierlane-upstream"] == "spare" and rec.hits == 1  # not waited for, not retried
+    finally:
+        for up in ups:
+            up.stop()
+
+
+def test_an_overload_event_before_any_content_falls_back_instead_of_a_200_that_fails(bg, make_gateway):
+    gw, rec, spare, ups = overloaded_with_spare(bg, make_gateway, fail="before_content")
+    try:
+        for _ in range(3):
+            with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=30,
+                              json={"model": "m", "messages": QUESTION, "stream": True}) as r:
+                assert r.status_code == 200 and r.headers["x-tierlane-upstream"] == "spare"
+                events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
+        assert rec.hits == 2 and spare.hits == 3  # the breaker counted both failed tries
+        # with no spare to take it, the client hears the overload as a status, not as a 200 stream
+        alone = RunningApp(bg, anthropic_app(Recorder(), fail="before_content"))
+        ups.append(alone)
+        only = make_gateway(upstreams=[upstream_cfg("claude", alone.url + "/v1", models=["m"], apis=["messages"])])
+        r = httpx.post(only.url + "/v1/chat/completions", json={"model": "m", "messages": QUESTION, "stream": True},
+                       timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_unavailable"
+        assert "injected 529" in r.json()["error"]["message"]
+    finally:
+        for up in ups:
+            up.stop()
+
+
+def test_an_overload_after_content_ends_the_stream_with_an_error(bg, make_gateway, tmp_path):
+    rec = Recorder()
+    up = RunningApp(bg, anthropic_app(rec, usage=USAGE, fail="after_content"))
+    gw = make_gateway(upstreams=[upstream_cfg("claude", up.url + "/v1", models=["m"], apis=["messages"])],
+                      telemetry={"metering": True})
+    try:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "m", "messages": QUESTION, "stream": True}) as r:
+            assert r.status_code == 200
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"Paris "' in events[1] and "injected 529" in orjson.loads(events[-1])["error"]["message"]
+        assert rec.hits == 1
+        assert ledger(tmp_path, gw)[0][2] == 481  # its input billed, as message_start reported it
+    finally:
+        up.stop()
 
 
 def test_translated_requests_carry_no_client_anthropic_header_native_ones_do(claude):
