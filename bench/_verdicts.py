@@ -490,6 +490,16 @@ def _hostile_state(d: dict[str, Any]) -> list[Record]:
                               stall[way]["worst_loop_gap_ms"], "<=", 50, n=stall.get("states"), n_of="states",
                               note=f"the previous whole snapshot: {stall.get('previous_whole_snapshot', {}).get('worst_loop_gap_ms')} "
                                    f"ms; an idle loop here: {stall.get('idle_loop_gap_ms')} ms"))
+    flood = d.get("placement_flood") or {}
+    if "bystander_p50_ratio" in flood:
+        costs = flood.get("placement_cost_us_by_live_sessions") or {}
+        out.append(target("placement flood: the bystander's p50 beside a flat run (one session)", flood["bystander_p50_ratio"],
+                          "<=", 1.2, n=flood.get("new_session_per_request", {}).get("bystander_late", {}).get("n"),
+                          n_of="bystander requests", note=f"placement cost per request by live sessions (us): {costs}"))
+        if len(costs) == 2:
+            low, high = (costs[k] for k in sorted(costs, key=int))
+            out.append(target(f"placement cost at {flood.get('sessions')} live sessions / at 100", round(high / low, 3),
+                              "<=", 2, n=flood.get("sessions"), n_of="live sessions"))
     over = d.get("store_overshoot") or {}
     if "overshoot_requests" in over:
         out.append(target("stored responses over the quota under 64 concurrent requests, in requests",
