@@ -34,6 +34,17 @@
    the per-minute cap (re-asks finish at once) and queued per tenant under the queue (none
    finishes), each as a share of an equal share (target >= 0.4).
    Run alone: --parts judging_shares
+7. Edge pull: `tierlane edge pull`'s download (edge_engine.model_pull) against a local aiohttp
+   server with the hub's layout (tests/support/hub_server.py) that misbehaves: one that drips a
+   byte every 0.8 s (at the shipped bounds, and at a 5 s time bound and a 3 s rate window), and one
+   that sends a body with no Content-Length far past the file (at a 16 MiB size bound, and with the
+   size the hub lists for the pinned digest). Per case: seconds until the pull stopped beside its
+   bound, bytes written at most beside the size bound, and whether the partial file was removed.
+   Run alone: --parts edge_pull
+8. Placement flood (bench/placement_flood.py): one tenant sends a new session per request until the
+   table holds 200,000 live sessions while another sends plain requests; the bystander's p50 beside
+   a flat run (the same flood naming one session), and the table's cost per placement at 100 and
+   200,000 live sessions. Run alone: --parts placement_flood
 
 Writes bench/results/hostile_inputs.json. Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/hostile_inputs.py
 """
@@ -57,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._harness import RESULTS, free_port, gateway_cmd, pct, start, stop, write
 from bench._verdicts import verdicts
+from bench.placement_flood import placement_flood
 from gateway.auth import hash_key
 
 HOSTILE_KEY, PLAIN_KEY = "tl-hostile", "tl-plain"
@@ -587,7 +599,76 @@ async def judging_shares(work: Path) -> dict[str, Any]:
     return out
 
 
-PARTS = ("schemas", "outage", "outage_idle", "bodies", "route_bound_stall", "store_overshoot", "judging_shares")
+def _pull_case(server_knobs: dict[str, Any], limits: Any, timeout_s: float) -> dict[str, Any]:
+    """One pull against a misbehaving hub: how long until it stopped, the most bytes it had written, what it said."""
+    import hashlib
+
+    from edge_engine.model_pull import PullError, pull
+    from edge_engine.model_source import PART_SUFFIX, parse_hub
+    from tests.support.hub_server import HubServer, RunningHub, gguf_bytes
+
+    data = gguf_bytes(3 << 20)
+    hub_file = parse_hub("hf://acme/tiny-GGUF@v1/tiny.gguf")
+    server = HubServer({"acme/tiny-GGUF/v1/tiny.gguf": data})
+    for knob, value in server_knobs.items():
+        setattr(server, knob, value)
+    running = RunningHub(server)
+    written = 0
+
+    def follow(done: int, total: int | None) -> None:
+        nonlocal written
+        written = max(written, done)
+
+    with tempfile.TemporaryDirectory(prefix="tierlane-pull-") as cache:
+        part = hub_file.cache_path(cache).with_name(hub_file.cache_path(cache).name + PART_SUFFIX)
+        t0 = time.perf_counter()
+        try:
+            pull(hub_file, hashlib.sha256(data).hexdigest(), cache, endpoint=running.url, retries=0,
+                 timeout_s=timeout_s, limits=limits, progress=follow)
+            error = None
+        except PullError as exc:
+            error = str(exc).replace(running.url, "http://hub")
+        finally:
+            seconds = time.perf_counter() - t0
+            running.close()
+        return {"stopped_s": round(seconds, 2), "error": error, "bytes_written_max": written,
+                "part_file_bytes": part.stat().st_size if part.exists() else None, "file_bytes": len(data)}
+
+
+def edge_pull(work: Path) -> dict[str, Any]:
+    from edge_engine.model_pull import PullLimits
+
+    drip = {"drip_s": 0.8, "drip_bytes": 100_000}  # a byte every 0.8 s: a day for 100 kB
+    timeout_s = 10.0
+    shipped = PullLimits()
+    cases: dict[str, Any] = {}
+    for name, knobs, limits in tqdm([
+        ("drip, shipped bounds", drip, shipped),
+        ("drip, max_time_s 5", drip, PullLimits(max_time_s=5.0, min_rate_kib=0)),
+        ("drip, min_rate 16 KiB/s over 3 s", drip, PullLimits(max_time_s=0, rate_window_s=3.0)),
+        ("no Content-Length, 128 MiB past the file, max_bytes 16 MiB", {"chunked": True, "extra": 128 << 20},
+         PullLimits(max_bytes=16 << 20)),
+        ("no Content-Length, 128 MiB past the file, size listed by the hub", {"chunked": True, "extra": 128 << 20,
+                                                                              "linked": True}, shipped),
+    ], desc="edge pull", unit="case"):  # fmt: skip
+        row = _pull_case(knobs, limits, timeout_s)
+        if "drip" in name:
+            # checked as each byte arrives: the nearer bound (a drip never meets the rate), plus one wait for the server
+            bound = min(b for b in (limits.max_time_s, limits.rate_window_s if limits.min_rate_kib else 0) if b)
+            row["bound_s"] = bound + timeout_s
+        else:
+            row["bound_bytes"] = row["file_bytes"] if knobs.get("linked") else limits.max_bytes
+        cases[name] = row
+    return {"setup": "edge_engine.model_pull.pull against tests/support/hub_server.py on 127.0.0.1 (a 3 MiB file), "
+                     f"retries 0, timeout_s {timeout_s:g} per read; shipped bounds {shipped.max_bytes >> 30} GiB, "
+                     f"{shipped.max_time_s:g} s, {shipped.min_rate_kib:g} KiB/s over {shipped.rate_window_s:g} s",
+            "previous_code": "no bound: a drip never ended, a body without Content-Length was written until the disk "
+                             "filled (1.1-2.0 GB in 5 s and going)",
+            "cases": cases}
+
+
+PARTS = ("schemas", "outage", "outage_idle", "bodies", "route_bound_stall", "store_overshoot", "judging_shares",
+         "edge_pull", "placement_flood")
 
 
 def main() -> None:
@@ -609,7 +690,8 @@ def main() -> None:
                 "outage_idle": lambda: asyncio.run(outage_idle(work)), "bodies": lambda: bodies(work),
                 "route_bound_stall": lambda: asyncio.run(route_bound_stall(work)),
                 "store_overshoot": lambda: asyncio.run(store_overshoot(work)),
-                "judging_shares": lambda: asyncio.run(judging_shares(work))}
+                "judging_shares": lambda: asyncio.run(judging_shares(work)), "edge_pull": lambda: edge_pull(work),
+                "placement_flood": lambda: placement_flood(work)}
         result = {part: runs[part]() if part in wanted else kept.get(part, {}) for part in PARTS}
     path = write("hostile_inputs", {**result, "verdicts": verdicts("hostile_inputs", result)})
     print(path.read_text())
