@@ -36,4 +36,9 @@ class VectorIndex(Protocol):
 
     def __len__(self) -> int: ...
 
+    @property
+    def nbytes(self) -> int:
+        """The memory its entries hold (vectors and bookkeeping): what `cache.max_memory_bytes` bounds."""
+        ...
+
     def save(self) -> None: ...
