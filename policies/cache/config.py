@@ -55,6 +55,18 @@ class CacheSection(StrictSection):
     candidates: int = Field(4, ge=1, description="best candidates verified, most similar first")
     ttl_s: float = Field(86_400, ge=0, description="entries expire this long after they were stored (0: never served again)")
     max_entries: int = Field(100_000, ge=1, description="least recently used entries are evicted above this")
+    # The sidecar's limit (deploy/k8s/sidecar.yaml) is 2 GiB and the gateway there runs at ~0.7 GB
+    # without the cache; 256 MiB leaves ~1 GiB for requests in flight and the allocator's slack.
+    max_memory_bytes: int | None = Field(
+        268_435_456, ge=1 << 20,
+        description="the cache's memory in this process (vectors, their maps; shared backend: also what it knows "
+        "of every entry) is kept under this, least recently used first; null: no bound",
+    )  # fmt: skip
+    max_disk_bytes: int | None = Field(
+        1_073_741_824, ge=1 << 20,
+        description="the entries' rows in the SQLite file (responses, texts, vectors, keys) are kept under this, "
+        "least recently used evicted first; null: no bound (embedded backend; the shared one keeps them in Redis)",
+    )  # fmt: skip
     max_temperature: float = Field(0.7, ge=0, description="above this the answer is a sample: not cached")
     share_across_tenants: bool = Field(False, description="true only for public content")
     max_text_chars: int = Field(4000, ge=1, description="longer last turns are matched exactly, never semantically")
@@ -89,6 +101,8 @@ class CacheConfig:
     rules: ScopeRules
     verify: VerifyConfig
     bound: BoundParams | None = None  # cache.max_error_rate set: the online error bound's parameters
+    max_memory_bytes: int | None = None
+    max_disk_bytes: int | None = None
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> CacheConfig:
@@ -117,6 +131,8 @@ class CacheConfig:
             bound=None if parsed.max_error_rate is None else bound_params(
                 parsed.max_error_rate, parsed.error_confidence, parsed.error_sample_rate, verify, parsed.threshold
             ),
+            max_memory_bytes=parsed.max_memory_bytes,
+            max_disk_bytes=parsed.max_disk_bytes,
         )
 
 

@@ -29,6 +29,9 @@ from policies.policy import Policy
 logger = logging.getLogger(__name__)
 
 _SWEEP_EVERY_S = 30.0
+# Expired rows deleted per put at most: what expires between two sweeps is spread over the puts
+# that follow, not deleted in one transaction while lookups wait for the worker.
+_EXPIRE_CHUNK = 256
 
 _T = TypeVar("_T")
 _Args = TypeVarTuple("_Args")
@@ -318,13 +321,28 @@ class SemanticCache:
         return entry_id
 
     def _sweep(self, now: float, *, force: bool = False) -> None:
+        """Keep the bounds (max_entries, max_disk_bytes, max_memory_bytes) and delete expired entries.
+
+        Runs after every put, so nothing here reads every entry: the store keeps its count and
+        bytes, and the index its bytes."""
         assert self._store is not None and self._index is not None
-        gone = self._store.evict(self.base.max_entries)
+        if self._store.changed_elsewhere():  # another process (the CLI's purge) deleted rows: drop their vectors
+            self._index.remove(self._index.ids() - self._store.vector_ids())
+        gone = self._store.evict(self.base.max_entries, self.base.max_disk_bytes)
         if force or now - self._last_sweep >= _SWEEP_EVERY_S:
-            self._last_sweep = now
-            gone += self._store.expire(now)
+            expired = self._store.expire(now, -1 if force else _EXPIRE_CHUNK)
+            if len(expired) < _EXPIRE_CHUNK or force:
+                self._last_sweep = now  # else the next put deletes the next chunk
+            gone += expired
         if gone:
             self._index.remove(gone)
+        limit = self.base.max_memory_bytes
+        while limit is not None and self._index.nbytes > limit:
+            per_entry = max(1, self._index.nbytes // max(1, len(self._index)))
+            evicted = self._store.evict_oldest(-(-(self._index.nbytes - limit) // per_entry))
+            if not evicted:
+                break
+            self._index.remove(evicted)
 
     def _purge(self, by: str, value: str) -> int:
         assert self._store is not None and self._index is not None
@@ -334,7 +352,8 @@ class SemanticCache:
 
     def _stats(self) -> dict[str, Any]:
         assert self._store is not None and self._index is not None
-        return {**self._store.stats(), "vectors": len(self._index), "directory": str(self.directory)}
+        return {**self._store.stats(), "vectors": len(self._index), "memory_bytes": self._index.nbytes,
+                "directory": str(self.directory)}  # fmt: skip
 
 
 async def open_cache(state_dir: Path, policy: Policy, vector_space: str | None = None) -> SemanticCache:

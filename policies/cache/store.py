@@ -40,6 +40,15 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 LEGACY_VECTOR_SPACE = vector_space("fp32")
 
 _COLUMNS = "id, exact, scope, tenant, model, text, response, usage, created, expires, last_used, hits"
+# What a row holds in the file: its keys, text, vector, response and usage, the keys again in
+# their indexes, and ~100 bytes of numbers, rowids and record headers (measured against the
+# file's size: tests/unit/cache/test_cache_bounds.py).
+_ROW_BYTES = (
+    "(2 * (length(CAST(exact AS BLOB)) + length(CAST(scope AS BLOB)) + length(CAST(tenant AS BLOB)))"
+    " + length(CAST(model AS BLOB)) + length(CAST(text AS BLOB)) + COALESCE(length(vector), 0)"
+    " + length(response) + COALESCE(length(usage), 0) + 100)"
+)
+_EVICT_PAGE = 512  # least recently used rows read per step of an eviction
 
 
 @dataclass(slots=True)
@@ -117,6 +126,25 @@ class EntryStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        # NOTE: the entry count and stored bytes are kept here rather than counted per write
+        # (COUNT(*) reads a whole index: O(entries) on every put). Another process's writes (the
+        # CLI's purge) change PRAGMA data_version, and the next `changed_elsewhere` counts again.
+        self.count = 0
+        self.nbytes = 0
+        self._data_version = -1
+        self.changed_elsewhere()
+
+    def changed_elsewhere(self) -> bool:
+        """Whether another connection wrote since the last call (the count and bytes are then counted again)."""
+        (version,) = self._db.execute("PRAGMA data_version").fetchone()
+        if version == self._data_version:
+            return False
+        self._data_version = version
+        self._recount()
+        return True
+
+    def _recount(self) -> None:
+        self.count, self.nbytes = self._db.execute(f"SELECT COUNT(*), COALESCE(SUM({_ROW_BYTES}), 0) FROM entries").fetchone()
 
     def close(self) -> None:
         self._db.close()
@@ -151,6 +179,8 @@ class EntryStore:
                 dropped = self._db.execute("UPDATE entries SET vector = NULL WHERE vector IS NOT NULL").rowcount
             if row is None or current != name:
                 self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('vector_space', ?)", (name,))
+        if dropped:
+            self._recount()
         return max(dropped, 0)
 
     def get_many(self, ids: Iterable[int]) -> dict[int, Entry]:
@@ -178,7 +208,7 @@ class EntryStore:
         """Insert (or replace the entry with the same exact key); returns (new id, replaced id)."""
         blob = None if vector is None else np.ascontiguousarray(vector, dtype=np.float32).tobytes()
         with self._transaction():
-            old = self._db.execute("SELECT id FROM entries WHERE exact = ?", (exact,)).fetchone()
+            old = self._db.execute(f"SELECT id, {_ROW_BYTES} FROM entries WHERE exact = ?", (exact,)).fetchone()
             if old:
                 self._db.execute("DELETE FROM entries WHERE id = ?", (old[0],))
             cursor = self._db.execute(
@@ -198,7 +228,10 @@ class EntryStore:
                     now,
                 ),
             )
-        assert cursor.lastrowid is not None
+            assert cursor.lastrowid is not None
+            (added,) = self._db.execute(f"SELECT {_ROW_BYTES} FROM entries WHERE id = ?", (cursor.lastrowid,)).fetchone()
+        self.count += 1 - bool(old)
+        self.nbytes += added - (old[1] if old else 0)
         return cursor.lastrowid, old[0] if old else None
 
     def touch(self, entry_id: int, now: float) -> None:
@@ -212,15 +245,37 @@ class EntryStore:
                 [(hits, used, entry_id) for entry_id, (hits, used) in touches.items()],
             )
 
-    def expire(self, now: float) -> list[int]:
-        return self._delete_where("expires <= ?", (now,))
+    def expire(self, now: float, limit: int = -1) -> list[int]:
+        """Delete up to `limit` expired entries (-1: all of them)."""
+        return self._delete_where("id IN (SELECT id FROM entries WHERE expires <= ? LIMIT ?)", (now, limit))
 
-    def evict(self, max_entries: int) -> list[int]:
-        """Delete the least recently used entries above `max_entries`."""
-        (count,) = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()
-        if count <= max_entries:
-            return []
-        return self._delete_where("id IN (SELECT id FROM entries ORDER BY last_used ASC, id ASC LIMIT ?)", (count - max_entries,))
+    def evict(self, max_entries: int, max_bytes: int | None = None) -> list[int]:
+        """Delete the least recently used entries while there are more than `max_entries`, or they hold more than `max_bytes`."""
+        gone: list[int] = []
+        while self.count > max_entries or (max_bytes is not None and self.nbytes > max_bytes and self.count):
+            ids = self.evict_oldest(self.count - max_entries, 0 if max_bytes is None else self.nbytes - max_bytes)
+            if not ids:
+                break
+            gone += ids
+        return gone
+
+    def evict_oldest(self, count: int, nbytes: int = 0) -> list[int]:
+        """Delete at least `count` of the least recently used entries, and more until they held `nbytes`
+        (at most one page of them, _EVICT_PAGE rows, per call)."""
+        limit = min(_EVICT_PAGE, max(count, 1 if nbytes <= 0 else 32))
+        with self._transaction():
+            doomed: list[int] = []
+            freed = 0
+            rows = self._db.execute(f"SELECT id, {_ROW_BYTES} FROM entries ORDER BY last_used ASC, id ASC LIMIT ?", (limit,))
+            for entry_id, size in rows.fetchall():
+                if len(doomed) >= count and freed >= nbytes:
+                    break
+                doomed.append(entry_id)
+                freed += size
+            self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in doomed])
+        self.count -= len(doomed)
+        self.nbytes -= freed
+        return doomed
 
     def purge_tenant(self, tenant: str) -> list[int]:
         return self._delete_where("tenant = ?", (tenant,))
@@ -233,10 +288,12 @@ class EntryStore:
 
     def _delete_where(self, where: str, params: tuple[Any, ...]) -> list[int]:
         with self._transaction():
-            ids = [r[0] for r in self._db.execute(f"SELECT id FROM entries WHERE {where}", params)]
-            if ids:
-                self._db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in ids])
-        return ids
+            rows = self._db.execute(f"SELECT id, {_ROW_BYTES} FROM entries WHERE {where}", params).fetchall()
+            if rows:
+                self._db.executemany("DELETE FROM entries WHERE id = ?", [(r[0],) for r in rows])
+        self.count -= len(rows)
+        self.nbytes -= sum(r[1] for r in rows)
+        return [r[0] for r in rows]
 
     def vectors(self) -> tuple[list[int], list[str], np.ndarray]:
         """Every stored vector with its id and scope, for rebuilding the index."""
@@ -250,6 +307,9 @@ class EntryStore:
         if not blobs:
             return [], [], np.zeros((0, 0), dtype=np.float32)
         return ids, scopes, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+
+    def vector_ids(self) -> set[int]:
+        return {r[0] for r in self._db.execute("SELECT id FROM entries WHERE vector IS NOT NULL")}
 
     def vector_scopes(self) -> dict[int, str]:
         return dict(self._db.execute("SELECT id, scope FROM entries WHERE vector IS NOT NULL").fetchall())
@@ -265,4 +325,5 @@ class EntryStore:
             "tenants": tenants,
             "entries_by_tenant": by_tenant,
             "bytes": self.path.stat().st_size if self.path.exists() else 0,
+            "stored_bytes": self.nbytes,
         }
