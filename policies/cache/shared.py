@@ -42,7 +42,9 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -174,6 +176,17 @@ class _Meta:
     expires: float
 
 
+def _meta(owner: str, exact: str, scope: str, tenant: str, expires: float) -> _Meta:
+    """A _Meta whose owner, scope and tenant are one string each, however many entries name them."""
+    return _Meta(sys.intern(owner), exact, sys.intern(scope), sys.intern(tenant), expires)
+
+
+# What a replica holds per entry it knows, besides the vector: the _Meta with its exact key and
+# expiry, the id -> meta and exact -> id maps, its place in the vector LRU (measured,
+# bench/cache_memory.py: 390 B an entry over 100,000).
+_META_BYTES = 400
+
+
 class SharedCache:
     """The `CacheBackend` over a redis.asyncio client; a local faiss index follows the stream.
 
@@ -213,6 +226,10 @@ class SharedCache:
         self._index = FaissIndex(DIMENSION)
         self._meta: dict[int, _Meta] = {}
         self._by_exact: dict[str, int] = {}
+        # The ids in the index, least recently added or found first: past `cache.max_memory_bytes` their
+        # vectors leave this replica's index (the entries stay known, served here by exact match only).
+        self._vector_lru: OrderedDict[int, None] = OrderedDict()
+        self.vectors_dropped = 0  # vectors dropped for cache.max_memory_bytes
         self._last_id = "0-0"
         self._last_sweep = 0.0
         self._down_until = 0.0
@@ -441,7 +458,7 @@ class SharedCache:
             return 0
         gone = [int(i) for i in evicted or []]
         await self._call(
-            self._add_own, entry_id, _Meta(owner, key.exact, key.scope, key.tenant, expires), vector if semantic else None
+            self._add_own, entry_id, _meta(owner, key.exact, key.scope, key.tenant, expires), vector if semantic else None
         )
         if gone:
             await self._call(self._remove, gone)
@@ -631,6 +648,8 @@ class SharedCache:
             meta = self._meta.get(neighbour.id)
             if neighbour.similarity >= threshold and meta is not None and meta.scope == scope:
                 found.append((neighbour.id, meta, neighbour))
+                if neighbour.id in self._vector_lru:
+                    self._vector_lru.move_to_end(neighbour.id)
         return found
 
     def _add(self, entry_id: int, meta: _Meta, vector: np.ndarray | None) -> None:
@@ -641,6 +660,23 @@ class SharedCache:
         self._by_exact[meta.exact] = entry_id
         if vector is not None:
             self._index.add(entry_id, meta.scope, vector)
+            self._vector_lru[entry_id] = None
+            self._vector_lru.move_to_end(entry_id)
+            self._bound_memory()
+
+    def _bound_memory(self) -> None:
+        """Drop the least recently added or found vectors while this replica's cache holds more than
+        `cache.max_memory_bytes` (the store keeps their entries; every entry stays known, for purges)."""
+        limit = self.base.max_memory_bytes
+        if limit is None:
+            return
+        over = self._index.nbytes + len(self._meta) * _META_BYTES - limit
+        if over <= 0:
+            return
+        per_vector = max(1, self._index.nbytes // max(1, len(self._index)))
+        dropped = [self._vector_lru.popitem(last=False)[0] for _ in range(min(len(self._vector_lru), -(-over // per_vector)))]
+        self._index.remove(dropped)
+        self.vectors_dropped += len(dropped)
 
     def _add_own(self, entry_id: int, meta: _Meta, vector: np.ndarray | None) -> None:
         """An entry this replica stored (its event is skipped on the stream)."""
@@ -675,7 +711,7 @@ class SharedCache:
                 parsed = _parse_entry_key(_text(key), self._prefix)
                 if parsed is None or parsed[1] in own:
                     continue  # not an entry key; or stored here since the snapshot began: newer than this row, or the same
-                meta = _Meta(parsed[0], parsed[1], _text(scope), _text(tenant), float(expires))
+                meta = _meta(parsed[0], parsed[1], _text(scope), _text(tenant), float(expires))
                 loaded += self._add_live(int(stored_id), meta, blob or b"", now)
             except ValueError as exc:  # UnicodeDecodeError included
                 logger.warning("shared cache: malformed entry %r skipped: %r", key, exc)
@@ -686,6 +722,7 @@ class SharedCache:
             meta = self._meta.pop(entry_id, None)
             if meta is not None and self._by_exact.get(meta.exact) == entry_id:
                 del self._by_exact[meta.exact]
+            self._vector_lru.pop(entry_id, None)
         self._index.remove(ids)
 
     def _purge_local(self, tenant: str, ids: list[int]) -> None:
@@ -707,7 +744,7 @@ class SharedCache:
             op = fields.get(b"op", b"").decode()
             try:
                 if op == "add":
-                    meta = _Meta(fields[b"owner"].decode(), fields[b"exact"].decode(), fields[b"scope"].decode(),
+                    meta = _meta(fields[b"owner"].decode(), fields[b"exact"].decode(), fields[b"scope"].decode(),
                                  fields[b"tenant"].decode(), float(fields[b"exp"]))  # fmt: skip
                     self._add_live(int(fields[b"id"]), meta, fields.get(b"v") or b"", time.time())
                 elif op == "del":
@@ -726,7 +763,8 @@ class SharedCache:
         self._remove([i for i, m in self._meta.items() if m.expires <= now])
 
     def _local_stats(self) -> dict[str, Any]:
-        return {"entries_known": len(self._meta), "vectors": len(self._index)}
+        return {"entries_known": len(self._meta), "vectors": len(self._index), "vectors_dropped": self.vectors_dropped,
+                "memory_bytes": self._index.nbytes + len(self._meta) * _META_BYTES}  # fmt: skip
 
 
 def _text(value: Any) -> str:
