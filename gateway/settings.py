@@ -279,6 +279,22 @@ class TelemetrySettings(_Strict):
         25.0, ge=0, description="period of the event-loop stall timer (metrics on); 0 = no stall metrics"
     )
     loop_stall_ms: float = Field(100.0, gt=0, description="a loop tick this late counts as a stall")
+    ledger_retention_hours: float | None = Field(
+        168.0, gt=0, description="raw ledger rows (one per request) are kept this long, then only their hourly and daily "
+        "totals: usage and dashboard totals stay, request listings and exact percentiles go (null: keep every row)",
+    )
+    ledger_hourly_retention_days: float | None = Field(
+        400.0, gt=0, description="the ledger's hourly totals are kept this long, then only daily ones (null: for ever; "
+        "at least ledger_retention_hours; kept for ever while every raw row is)",
+    )
+
+    @model_validator(mode="after")
+    def _hours_outlive_rows(self) -> TelemetrySettings:
+        rows, days = self.ledger_retention_hours, self.ledger_hourly_retention_days
+        if days is not None and rows is not None and days * 24 < rows:
+            raise ValueError("telemetry.ledger_hourly_retention_days must cover ledger_retention_hours (hourly totals "
+                             "are dropped only where the raw rows are gone): raise it or set it to null")  # fmt: skip
+        return self
 
 
 class StateSettings(_Strict):
