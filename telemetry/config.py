@@ -8,6 +8,7 @@ from typing import Any
 
 from telemetry.ledger import DEFAULT_COMMIT_WINDOW_S
 from telemetry.loop_monitor import DEFAULT_INTERVAL_S, DEFAULT_STALL_S
+from telemetry.retention import Retention
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -27,6 +28,9 @@ class TelemetryConfig:
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream lane
     loop_interval_s: float = DEFAULT_INTERVAL_S  # the event-loop stall timer's period; 0: no loop monitor
     loop_stall_s: float = DEFAULT_STALL_S  # a tick this late counts as a stall
+    # NOTE: None (keep everything) here, so a Telemetry built by hand never drops rows it is given;
+    # the gateway's settings default to a week of rows and 400 days of hourly totals.
+    ledger_retention: Retention = Retention()
 
     @classmethod
     def from_settings(cls, settings: Any) -> TelemetryConfig:
@@ -46,4 +50,10 @@ class TelemetryConfig:
             record_content=t.record_content,
             loop_interval_s=getattr(t, "loop_interval_ms", DEFAULT_INTERVAL_S * 1000.0) / 1000.0,
             loop_stall_s=getattr(t, "loop_stall_ms", DEFAULT_STALL_S * 1000.0) / 1000.0,
+            ledger_retention=Retention(rows_s=_seconds(getattr(t, "ledger_retention_hours", None), 3600.0),
+                                       hours_s=_seconds(getattr(t, "ledger_hourly_retention_days", None), 86400.0)),
         )
+
+
+def _seconds(value: float | None, unit: float) -> float | None:
+    return None if value is None else value * unit

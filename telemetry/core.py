@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import time
@@ -43,7 +44,8 @@ from telemetry.tokens import (
     prompt_texts,
     resolve_usage,
 )
-from telemetry.usage import JUDGE, UsageQuery, run_query
+from telemetry.totals import rollups_current, totals
+from telemetry.usage import JUDGE, UsageQuery, read_usage
 
 if TYPE_CHECKING:
     from telemetry.fleet_usage import FleetUsage
@@ -80,7 +82,8 @@ class Telemetry:
         self.shared = shared(self.budgets) if shared is not None and self.budgets.enabled else None
         # state.backend: redis: every metered request is also added to the fleet's totals in the store
         self.fleet = fleet if config.metering else None
-        self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s)
+        self.ledger = Ledger(config.state_dir / FILENAME, commit_window_s=config.commit_window_s,
+                             retention=config.ledger_retention, wall=wall)  # fmt: skip
         self.bounds = LabelBounds(config.tenants, config.apps, {*self.pricing.known, *config.models})
         self._providers = build_providers(
             config.service_name,
@@ -467,9 +470,13 @@ class Telemetry:
 
     async def usage(self, query: UsageQuery) -> list[dict[str, Any]]:
         """Ledger totals for a query, including rows appended a moment ago."""
+        return (await self.local_usage(query))[0]
+
+    async def local_usage(self, query: UsageQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """(rows, warning): this replica's ledger totals, and what a report must say about rows past retention."""
         if self._started:
             await asyncio.to_thread(self.ledger.flush)
-        return await asyncio.to_thread(run_query, self.ledger, query)
+        return await asyncio.to_thread(read_usage, self.ledger, query)
 
     async def fleet_usage(self, query: UsageQuery) -> tuple[list[dict[str, Any]], str, str | None]:
         """(rows, source, warning): the totals of every replica from the shared store (source "fleet",
@@ -482,8 +489,10 @@ class Telemetry:
             except Exception as exc:  # noqa: BLE001 - store down or slow: this replica's ledger answers
                 fleet.query_errors += 1
                 log.warning("fleet usage query failed, answering from the local ledger: %r", exc)
-                return await self.usage(query), "local", FLEET_UNAVAILABLE
-        return await self.usage(query), "local", None
+                rows, note = await self.local_usage(query)
+                return rows, "local", FLEET_UNAVAILABLE if note is None else f"{FLEET_UNAVAILABLE}; {note}"
+        rows, note = await self.local_usage(query)
+        return rows, "local", note
 
     def watch_cache_bounds(self, read: Callable[[], list[ScopeStats]]) -> None:
         """Export the semantic cache's error bound per tenant/app (cache.max_error_rate): on /metrics,
@@ -525,12 +534,18 @@ class Telemetry:
         return self.prometheus.render() if self.prometheus is not None else b""
 
     def _month_spend(self) -> list[SpendRow]:
-        month_start = time.strftime("%Y-%m-01", time.gmtime(self._wall()))
-        rows = self.ledger.read(
-            "SELECT tenant, app, day, SUM(cost) AS cost FROM requests WHERE day >= ? GROUP BY tenant, app, day",
-            (month_start,),
-        )
-        return [SpendRow(tenant=r["tenant"], app=r["app"], day=r["day"], cost=float(r["cost"] or 0.0)) for r in rows]
+        """This month's spend per tenant, app and UTC day (judging included), from the rollups where rows are past retention."""
+        now = dt.datetime.fromtimestamp(self._wall(), dt.UTC)
+        month = dt.datetime(now.year, now.month, 1, tzinfo=dt.UTC)
+        nxt = dt.datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=dt.UTC)
+        edges = [d.timestamp() for d in (month + dt.timedelta(days=i) for i in range((nxt - month).days + 1))]
+        ranges = list(zip(edges, edges[1:]))
+        with self.ledger.snapshot() as conn:
+            if conn is None:
+                return []
+            rows = totals(conn, ranges, ("tenant", "app"), measures=("cost", "judge_cost"), rollups=rollups_current(conn))
+        return [SpendRow(tenant=r["tenant"], app=r["app"], day=time.strftime("%Y-%m-%d", time.gmtime(ranges[r["label"]][0])),
+                         cost=r["cost"] + r["judge_cost"]) for r in rows]  # fmt: skip
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -13,7 +13,13 @@ local day of a zone that is a half or three quarters of an hour off UTC (Asia/Ko
 Asia/Kathmandu) is quarters and hours and never a UTC day. A zone offset that is no whole number of quarters (historical local mean
 time) only means more raw rows at the ends: the split is exact for any boundaries, so the sum of
 the single days is the multi-day total in any zone. When the rollups do not hold every row (a
-ledger being caught up), everything is totalled from raw rows.
+ledger being caught up), everything is totalled from raw rows (telemetry/totals.py).
+
+Past the ledger's retention (telemetry/retention.py) the totals, the series and the histograms
+come from the rollups alone, a range's ends there read to their UTC hour; recent errors, the
+per-tier totals and the sessions list the rows still kept, and the percentiles come from the
+histograms. The report's `retention` says where that starts and whether the range reaches it
+(`complete`: false, with a `warning`).
 
 Latency and TTFT percentiles are exact (numpy, linear) when the range holds at most
 EXACT_PERCENTILES_MAX_ROWS successful requests; above that they come from the rollups'
@@ -39,18 +45,11 @@ import numpy as np
 from policies.budgets import Budgets, Limits
 from policies.errors import InvalidInput
 from telemetry.csv_safe import SafeWriter
-from telemetry.ledger import (
-    HIST_LEVELS,
-    LOG_BINS_PER_DOUBLING,
-    REAL_MEASURES,
-    ROLLUP_MEASURES,
-    ROLLUP_TABLES,
-    UNIT_BINS,
-    Ledger,
-    hist_source_sql,
-)
+from telemetry.ledger import LOG_BINS_PER_DOUBLING, ROLLUP_MEASURES, UNIT_BINS, Ledger
+from telemetry.retention import Horizons, read_horizons
 from telemetry.timefmt import MAX_TS, MIN_TS, TIME_BOUNDS, iso_time
-from telemetry.usage import MEASURES, UsageQuery
+from telemetry.totals import histograms, rollups_current, totals
+from telemetry.usage import MEASURES, USAGE_FROM_ROLLUP, UsageQuery
 
 if TYPE_CHECKING:
     from telemetry.core import Telemetry
@@ -64,29 +63,6 @@ QUANTILES = (0.5, 0.95, 0.99)
 USAGE_KEYS = ("tenant", "app", "model")
 SERIES_MEASURES = ("requests", "cost", "saved_cache", "saved_edge", "saved_trim")
 
-# /v1/usage's measures (telemetry.usage.MEASURES) from rollup columns, so the headline and the
-# breakdown carry the same names and figures as GET /v1/usage.
-USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
-    "requests": ("requests",),
-    "errors": ("errors",),
-    "input_tokens": ("input_tokens",),
-    "output_tokens": ("output_tokens",),
-    "cached_input_tokens": ("cached_input_tokens",),
-    "cache_write_tokens": ("cache_write_tokens",),
-    "trimmed_tokens": ("trimmed_tokens",),
-    "estimated_requests": ("estimated_requests",),
-    "cost_usd": ("cost",),
-    "saved_usd": ("saved_cache", "saved_edge", "saved_trim"),
-    "saved_cache_usd": ("saved_cache",),
-    "saved_edge_usd": ("saved_edge",),
-    "saved_trim_usd": ("saved_trim",),
-    "saved_vs_strong_usd": ("saved_vs_strong",),
-    "saved_vs_named_usd": ("saved_vs_named",),
-    "judge_requests": ("judge_requests",),
-    "judge_input_tokens": ("judge_input_tokens",),
-    "judge_output_tokens": ("judge_output_tokens",),
-    "judge_cost_usd": ("judge_cost",),
-}
 assert tuple(USAGE_FROM_ROLLUP) == tuple(MEASURES), "the dashboard must carry every /v1/usage measure"
 
 
@@ -248,124 +224,6 @@ class DashboardQuery:
         return local.strftime("%Y-%m-%d" if self.bucket == "day" else "%Y-%m")
 
 
-# Splitting time into rollup buckets and raw ends -------------------------------------------------
-
-Span = tuple[int, float, float]  # (level: bucket seconds, or 0 for raw rows; lo; hi)
-
-
-def cover(lo: float, hi: float, levels: tuple[int, ...] = (86400, 3600, 900)) -> list[Span]:
-    """[lo, hi) as the largest whole UTC-aligned buckets inside it plus raw ends; levels longest first."""
-    if hi <= lo:
-        return []
-    for i, level in enumerate(levels):
-        first, last = math.ceil(lo / level) * level, math.floor(hi / level) * level
-        if first < last:
-            rest = levels[i + 1 :]
-            return [*cover(lo, first, rest), (level, float(first), float(last)), *cover(last, hi, rest)]
-    return [(0, lo, hi)]
-
-
-def _spans_cte(labelled: Iterable[tuple[int, Span]]) -> str:
-    # NOTE: numbers the code computed, written as literals: no parameter limit, nothing from a client.
-    values = ", ".join(f"({label}, {level}, {lo!r}, {hi!r})" for label, (level, lo, hi) in labelled)
-    return f"spans(label, level, lo, hi) AS (VALUES {values})"
-
-
-def _labelled(ranges: list[tuple[float, float]], levels: tuple[int, ...] | None) -> list[tuple[int, Span]]:
-    out: list[tuple[int, Span]] = []
-    for label, (lo, hi) in enumerate(ranges):
-        spans = cover(lo, hi, levels) if levels else ([(0, lo, hi)] if hi > lo else [])
-        out.extend((label, span) for span in spans)
-    return out
-
-
-def rollup_table(keys: Iterable[str]) -> tuple[str, tuple[int, ...]]:
-    """The narrowest rollup table with every key in `keys` (and tenant), and its bucket lengths."""
-    wanted = {*keys, "tenant"}
-    for name, (table_keys, levels) in ROLLUP_TABLES.items():
-        if wanted <= set(table_keys):
-            return name, levels
-    raise ValueError(f"no rollup has the keys {sorted(wanted)}")
-
-
-def totals(
-    conn: sqlite3.Connection,
-    ranges: list[tuple[float, float]],
-    keys: tuple[str, ...] = (),
-    *,
-    measures: tuple[str, ...] = tuple(ROLLUP_MEASURES),
-    tenant: str | None = None,
-    rollups: bool = True,
-) -> list[dict[str, Any]]:
-    """`measures` (of ROLLUP_MEASURES) summed per range (its index is `label`) and `keys`, over
-    rollup buckets and raw ends (only raw rows when `rollups` is false)."""
-    table, levels = rollup_table(keys)
-    labelled = _labelled(ranges, levels if rollups else None)
-    if not labelled:
-        return []
-    key_list = "".join(f", {k}" for k in keys)
-    rolled = ", ".join(f"SUM(r.{m}) AS {m}" for m in measures)
-    raw = ", ".join(f"SUM({ROLLUP_MEASURES[m]}) AS {m}" for m in measures)
-    outer = ", ".join(f"SUM({m}) AS {m}" for m in measures)
-    r_tenant, q_tenant = (" AND r.tenant = :tenant", " AND +requests.tenant = :tenant") if tenant is not None else ("", "")
-    sql = f"""
-    WITH {_spans_cte(labelled)}
-    SELECT label{key_list}, {outer} FROM (
-        SELECT s.label AS label{"".join(f", r.{k} AS {k}" for k in keys)}, {rolled}
-        FROM spans s CROSS JOIN {table} r
-        WHERE s.level > 0 AND r.level = s.level AND r.start >= s.lo AND r.start < s.hi{r_tenant}
-        GROUP BY s.label{"".join(f", r.{k}" for k in keys)}
-        UNION ALL
-        SELECT s.label AS label{"".join(f", requests.{k} AS {k}" for k in keys)}, {raw}
-        FROM spans s CROSS JOIN requests
-        WHERE s.level = 0 AND requests.ts >= s.lo AND requests.ts < s.hi{q_tenant}
-        GROUP BY s.label{"".join(f", requests.{k}" for k in keys)}
-    ) GROUP BY label{key_list} ORDER BY label{key_list}
-    """
-    rows = conn.execute(sql, {"tenant": tenant} if tenant is not None else {}).fetchall()
-    out = []
-    for row in rows:
-        item: dict[str, Any] = {"label": row["label"], **{k: row[k] for k in keys}}
-        for m in measures:
-            value = row[m] or 0
-            item[m] = float(value) if m in REAL_MEASURES else int(value)
-        out.append(item)
-    return out
-
-
-def histograms(conn: sqlite3.Connection, lo: float, hi: float, *, tenant: str | None = None, rollups: bool = True) -> dict[str, dict[int, int]]:
-    """kind -> bin -> count over [lo, hi) (see ROLLUP_HISTOGRAMS and REASON_KINDS in the ledger)."""
-    labelled = _labelled([(lo, hi)], HIST_LEVELS if rollups else None)
-    if not labelled:
-        return {}
-    h_tenant, q_tenant = (" AND h.tenant = :tenant", " AND +requests.tenant = :tenant") if tenant is not None else ("", "")
-    raw = hist_source_sql(f"s.level = 0 AND requests.ts >= s.lo AND requests.ts < s.hi{q_tenant}", join="spans s CROSS JOIN ")
-    sql = f"""
-    WITH {_spans_cte(labelled)}, raw AS ({raw})
-    SELECT kind, bin, SUM(n) AS n FROM (
-        SELECT h.kind AS kind, h.bin AS bin, SUM(h.n) AS n FROM spans s CROSS JOIN rollup_hist h
-        WHERE s.level > 0 AND h.level = s.level AND h.start >= s.lo AND h.start < s.hi{h_tenant}
-        GROUP BY h.kind, h.bin
-        UNION ALL
-        SELECT kind, bin, COUNT(*) AS n FROM raw GROUP BY kind, bin
-    ) GROUP BY kind, bin
-    """
-    out: dict[str, dict[int, int]] = {}
-    for row in conn.execute(sql, {"tenant": tenant} if tenant is not None else {}):
-        out.setdefault(row["kind"], {})[int(row["bin"])] = int(row["n"])
-    return out
-
-
-def rollups_current(conn: sqlite3.Connection) -> bool:
-    """Whether the rollups hold every ledger row (their watermark is the last row id)."""
-    try:
-        through = conn.execute("SELECT value FROM ledger_meta WHERE key = 'rollup_through'").fetchone()
-    except sqlite3.OperationalError:  # a ledger file from before the rollups, not opened by a writer since
-        return False
-    last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM requests").fetchone()[0]
-    return through is not None and int(through[0]) == int(last)
-
-
 # Percentiles ------------------------------------------------------------------------------------
 
 
@@ -401,10 +259,10 @@ def _stats(values: list[float], quantiles: Iterable[float] = QUANTILES) -> list[
 
 
 def _percentiles(
-    conn: sqlite3.Connection, query: DashboardQuery, ok: int, hist: Mapping[str, Mapping[int, int]]
+    conn: sqlite3.Connection, query: DashboardQuery, ok: int, hist: Mapping[str, Mapping[int, int]], *, rows_kept: bool
 ) -> tuple[dict[str, float | None], dict[str, float | None], str]:
     names = [f"p{round(q * 100)}" for q in QUANTILES]
-    if ok <= EXACT_PERCENTILES_MAX_ROWS:
+    if ok <= EXACT_PERCENTILES_MAX_ROWS and rows_kept:
         sql = "SELECT latency_ms, ttft_ms FROM requests WHERE ts >= ? AND ts < ? AND status < 400 AND operation != 'judge'"
         params: list[Any] = [query.start, query.end]
         if query.tenant is not None:
@@ -602,6 +460,9 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
     """Every ledger figure of the dashboard over one read snapshot (None: there is no ledger yet). Blocking."""
     began = time.perf_counter()
     rollups = conn is not None and rollups_current(conn)
+    horizons = read_horizons(conn) if conn is not None else Horizons()
+    kept = query.start >= horizons.rows_from
+    listed = query if kept else replace(query, start=min(horizons.rows_from, query.end))  # the rows still there
     buckets = query.buckets()
     whole = [(query.start, query.end)]
     if conn is None:
@@ -614,13 +475,13 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         series_rows = totals(conn, [(lo, hi) for _, lo, hi in buckets], ("lane",), measures=SERIES_MEASURES, tenant=query.tenant,
                              rollups=rollups)  # fmt: skip
         hist = histograms(conn, query.start, query.end, tenant=query.tenant, rollups=rollups)
-        errors = _errors(conn, query)
-        tiers = _tiers(conn, query)
-        sessions = _sessions(conn, query)
+        errors = _errors(conn, listed)
+        tiers = _tiers(conn, listed)
+        sessions = _sessions(conn, listed)
     head = head_rows[0] if head_rows else {m: 0 for m in ROLLUP_MEASURES}
     headline = _headline(head)
     if conn is not None:
-        latency, ttft, method = _percentiles(conn, query, int(head.get("ok", 0)), hist)
+        latency, ttft, method = _percentiles(conn, query, int(head.get("ok", 0)), hist, rows_kept=kept)
     else:
         latency = ttft = {f"p{round(q * 100)}": None for q in QUANTILES}
         method = "exact"
@@ -649,7 +510,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
     escalation, routes = _reasons(hist, "escalation:"), _reasons(hist, "route:")
     edge_requests, escalated = int(head.get("edge_requests", 0)), int(head.get("escalated", 0))
     zone_now = dt.datetime.fromtimestamp(query.end, query.zone)
-    return {
+    body: dict[str, Any] = {
         "object": "dashboard",
         "from": iso_time(query.start),
         "to": iso_time(query.end),
@@ -661,6 +522,11 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         "open_end": query.open_end,
         "source": "local",
         "rollups": rollups,
+        "retention": {
+            "rows_from": iso_time(horizons.rows_from) if horizons.rows_from else None,
+            "hours_from": iso_time(horizons.hours_from) if horizons.hours_from else None,
+            "complete": kept,
+        },
         "headline": headline,
         "series": {
             "bucket": query.bucket,
@@ -694,6 +560,18 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         "errors": errors,
         "query_ms": round((time.perf_counter() - began) * 1000.0, 3),
     }
+    if not kept:
+        body["warning"] = retention_warning(horizons, query)
+    return body
+
+
+def retention_warning(horizons: Horizons, query: DashboardQuery) -> str:
+    """What the report says when its range starts where the ledger keeps only rollups."""
+    start, end = horizons.snap(query.start), horizons.snap(query.end)
+    read = "" if (start, end) == (query.start, query.end) else f", from {iso_time(start)} to {iso_time(end)}"
+    return (f"rows before {iso_time(horizons.rows_from)} are past the ledger's retention: totals there come from its "
+            f"hourly and daily totals{read}; recent errors, tiers and sessions list later requests only, "
+            "and percentiles come from histograms")  # fmt: skip
 
 
 def read_report(ledger: Ledger, query: DashboardQuery, *, budgets: Budgets | None, now: float) -> dict[str, Any]:
@@ -718,7 +596,7 @@ def merge_fleet(body: dict[str, Any], rows: list[dict[str, Any]], source: str, w
     """Replace the usage totals of the headline and breakdown with GET /v1/usage's rows (grouped by USAGE_KEYS)."""
     body["source"] = source
     if warning is not None:
-        body["warning"] = warning
+        body["warning"] = f"{warning}; {body['warning']}" if body.get("warning") else warning
     local = {tuple(r[k] for k in USAGE_KEYS): r for r in body["breakdown"]}
     breakdown = []
     for row in rows:

@@ -52,7 +52,7 @@ from telemetry.usage import JUDGE, MEASURES, UsageQuery
 log = logging.getLogger(__name__)
 
 HOUR_S = 3600
-USAGE_TTL_S = 400 * 86400  # hourly buckets are kept this long after their last write (the ledger keeps rows for ever)
+USAGE_TTL_S = 400 * 86400  # hourly buckets are kept this long after their last write (as the ledger's hourly rollups by default)
 MAX_PENDING = 10_000  # distinct (tenant, hour, app, model, lane) waiting beyond this: rows dropped (and counted)
 SEQ_TTL_S = 7 * 86400  # how long a replica's last batch number is kept after its last write
 _MIN_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 2.0  # between attempts to send a batch the store did not take

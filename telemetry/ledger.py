@@ -19,6 +19,10 @@ rows up to it, so a reader that finds it equal to `MAX(id)` can trust them (the 
 them, telemetry/dashboard.py). Rows written before the rollups existed (or by an older version
 in between) are rolled up by the writer in chunks of CATCH_UP_ROWS, whenever it is idle and after
 each group it commits; until it has caught up, readers total the raw rows instead.
+
+Retention (telemetry/retention.py): with a `Retention`, the writer also deletes rows older than
+it once the rollups include them, a few thousand at a time between its commits, so the file
+stops growing; readers then read that span from the rollups alone.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from telemetry.retention import PRUNE_INTERVAL_S, Retention, prune_step, read_horizons
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,8 @@ FLUSH_POLL_S = 0.1
 FLUSH_MAX_RESTARTS = 3
 # Dropped rows whose request ids one log line names.
 LOGGED_IDS = 10
+# The WAL is cut back to this after a checkpoint (it otherwise keeps its largest size for ever).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 @dataclass(slots=True, kw_only=True)
@@ -208,6 +216,8 @@ ROLLUP_TABLES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 HIST_LEVELS: tuple[int, ...] = (86400, 3600)
 # Bumped whenever the rollups change shape or meaning: a writer then rebuilds them from the rows.
+# A file whose old rows were pruned cannot be rebuilt (the writer refuses to open it): a new
+# version must then migrate the old rollups instead.
 ROLLUP_VERSION = 4
 # A judging re-ask's row (operation `judge`, gateway/pipeline/shadow.py) is spend, not a request:
 # the request measures leave it out, the judge_* ones count it.
@@ -368,6 +378,11 @@ class _Flush:
     done: threading.Event
 
 
+@dataclass(slots=True)
+class _Prune:
+    done: threading.Event
+
+
 class _Stop:
     pass
 
@@ -375,15 +390,24 @@ class _Stop:
 class Ledger:
     """Appends are non-blocking (a queue put); the writer thread commits them in groups."""
 
-    def __init__(self, path: Path, *, commit_window_s: float = DEFAULT_COMMIT_WINDOW_S) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        commit_window_s: float = DEFAULT_COMMIT_WINDOW_S,
+        retention: Retention | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
         self.commit_window_s = commit_window_s
+        self.retention = retention if retention is not None and retention.prunes else None
+        self._wall = wall
         self.written = 0
         self.failed = 0  # rows dropped: their write failed, or their writer died with them
         self.restarts = 0  # writers restarted after one died
         # NOTE: the queue is the only state shared with the writer thread; the SQLite
         # connection is created and used by that thread alone.
-        self._queue: queue.SimpleQueue[LedgerRow | _Flush | _Stop] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[LedgerRow | _Flush | _Prune | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._urgent = threading.Event()
         self._error: BaseException | None = None
@@ -393,6 +417,7 @@ class Ledger:
         self._next_restart = 0.0
         # The rollups' watermark as the writer knows it (writer thread only); None: not kept up.
         self._rolled: int | None = None
+        self._next_prune = 0.0  # monotonic time of the next pruning pass (writer thread only)
 
     def start(self) -> None:
         """Create the file and schema and start the writer; blocks until it is ready."""
@@ -451,6 +476,17 @@ class Ledger:
                     log.error("ledger flush gave up: the writer died %d times while it waited", FLUSH_MAX_RESTARTS)
                     return done.is_set()
                 self._revive()
+
+    def prune(self, timeout: float | None = 30.0) -> bool:
+        """Commit what was appended, then apply the retention to the end (blocking); False when not
+        started or the timeout passed. The writer also does this on its own, a step at a time."""
+        if self._thread is None:
+            return False
+        self._revive()
+        done = threading.Event()
+        self._queue.put(_Prune(done))
+        self._urgent.set()
+        return done.wait(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Commit everything appended so far and stop the writer."""
@@ -522,10 +558,13 @@ class Ledger:
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             prepare(conn)
             conn.executescript(_SCHEMA)
             _migrate(conn)
             self._rolled = _start_rollups(conn)
+            # NOTE: not at start-up, where the gateway has enough to do: the first pass one interval in
+            self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
         except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
             self._error = exc
             log.error("cannot open the ledger at %s: %s", self.path, exc)
@@ -543,31 +582,35 @@ class Ledger:
 
     def _loop(self, conn: sqlite3.Connection) -> None:
         while True:
-            if self._lagging(conn):
-                # rows older than the rollups: catch up a chunk whenever nothing waits
+            if self._lagging(conn) or self._prune_due():
+                # background work (catching up, pruning): a step whenever nothing waits
                 try:
                     first = self._queue.get_nowait()
                 except queue.Empty:
-                    self._catch_up(conn)
+                    self._background(conn)
                     continue
             else:
-                first = self._queue.get()
+                try:
+                    first = self._queue.get(timeout=self._until_prune())
+                except queue.Empty:
+                    continue
             # NOTE: the writer sleeps out the commit window instead of waking for every row:
             # a per-row wake-up makes each append a GIL hand-off that the event loop pays for.
-            # flush() and close() cut the wait short through `_urgent`.
-            if not isinstance(first, (_Flush, _Stop)):
+            # flush(), prune() and close() cut the wait short through `_urgent`.
+            if isinstance(first, LedgerRow):
                 self._urgent.wait(self.commit_window_s)
             self._urgent.clear()
             waiters: list[threading.Event] = []
-            stop = isinstance(first, _Stop)
-            if isinstance(first, _Flush):
-                waiters.append(first.done)
-            batch = [first] if isinstance(first, LedgerRow) else []
-            for item in self._drain_all():
+            prunes: list[threading.Event] = []
+            stop = False
+            batch: list[LedgerRow] = []
+            for item in [first, *self._drain_all()]:
                 if isinstance(item, LedgerRow):
                     batch.append(item)
                 elif isinstance(item, _Flush):
                     waiters.append(item.done)
+                elif isinstance(item, _Prune):
+                    prunes.append(item.done)
                 else:
                     stop = True
             unwritten = len(batch)
@@ -583,13 +626,51 @@ class Ledger:
                 # NOTE: even when dying: a flush() must never wait on a marker nobody will set.
                 for done in waiters:
                     done.set()
+            if prunes:
+                try:
+                    while self._prune_once(conn):
+                        pass
+                finally:
+                    for done in prunes:
+                        done.set()
             if stop:
                 return
-            if self._lagging(conn):
-                self._catch_up(conn)
+            if self._lagging(conn) or self._prune_due():
+                self._background(conn)
 
     def _lagging(self, conn: sqlite3.Connection) -> bool:
         return self._rolled is not None and self._rolled < _max_id(conn)
+
+    def _prune_due(self) -> bool:
+        return self.retention is not None and self._rolled is not None and time.monotonic() >= self._next_prune
+
+    def _until_prune(self) -> float | None:
+        """How long an idle writer may wait for rows before its next pruning pass (None: for ever)."""
+        if self.retention is None or self._rolled is None:
+            return None
+        return max(0.0, self._next_prune - time.monotonic())
+
+    def _background(self, conn: sqlite3.Connection) -> None:
+        if self._lagging(conn):
+            self._catch_up(conn)
+        elif self._prune_due():
+            self._prune_once(conn)
+
+    def _prune_once(self, conn: sqlite3.Connection) -> bool:
+        """One pruning step; when nothing is left (or it failed), the next pass is PRUNE_INTERVAL_S away."""
+        retention, through = self.retention, self._rolled
+        if retention is None or through is None:
+            return False
+        try:
+            more = prune_step(conn, retention, self._wall(), through)
+        except Exception:
+            # NOTE: nothing is lost: the rows stay until a later pass deletes them.
+            log.exception("ledger pruning failed; trying again in %.0f s", PRUNE_INTERVAL_S)
+            _rollback(conn)
+            more = False
+        if not more:
+            self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        return more
 
     def _catch_up(self, conn: sqlite3.Connection) -> None:
         """Add the next CATCH_UP_ROWS rows past the rollups' watermark to them (one transaction)."""
@@ -611,8 +692,8 @@ class Ledger:
         if upto == _max_id(conn):
             log.info("ledger rollups caught up (%d rows)", upto)
 
-    def _drain_all(self) -> list[LedgerRow | _Flush | _Stop]:
-        items: list[LedgerRow | _Flush | _Stop] = []
+    def _drain_all(self) -> list[LedgerRow | _Flush | _Prune | _Stop]:
+        items: list[LedgerRow | _Flush | _Prune | _Stop] = []
         while True:
             try:
                 items.append(self._queue.get_nowait())
@@ -691,11 +772,20 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 def _start_rollups(conn: sqlite3.Connection) -> int:
     """Create the rollups (rebuilt from nothing when their version changed or they include rows that
-    are gone) and return their watermark."""
+    are gone, unless rows were pruned: they are the only record of those) and return their watermark."""
     conn.executescript(_META_SCHEMA)
     version = conn.execute("SELECT value FROM ledger_meta WHERE key = 'rollup_version'").fetchone()
     through = int(conn.execute("SELECT value FROM ledger_meta WHERE key = 'rollup_through'").fetchone()[0])
     last = _max_id(conn)
+    pruned = read_horizons(conn).rows_from > 0
+    if pruned and version is not None and int(version[0]) != ROLLUP_VERSION:
+        raise RuntimeError(f"the ledger's rollups are version {version[0]}, this gateway's {ROLLUP_VERSION}, and the rows "
+                           "they were built from are past retention: they cannot be rebuilt")  # fmt: skip
+    if pruned and through > last:
+        # NOTE: pruning keeps the newest row, so only a hand-edited file gets here: keep the history.
+        log.error("the ledger lost rows its rollups include (past row %d); keeping the rollups", last)
+        conn.execute("UPDATE ledger_meta SET value = ? WHERE key = 'rollup_through'", (last,))
+        through = last
     if version is None or int(version[0]) != ROLLUP_VERSION or through > last:
         if version is not None:
             log.warning("ledger rollups are outdated or include rows that are gone: rebuilding them")

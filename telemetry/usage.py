@@ -1,8 +1,15 @@
-"""Usage reports over the ledger: parse a query, total it in SQL, render JSON, CSV or a text table."""
+"""Usage reports over the ledger: parse a query, total it in SQL, render JSON, CSV or a text table.
+
+A range whose rows are all kept is totalled from them, to the second. One that reaches past the
+ledger's retention (telemetry/retention.py) is totalled from the rollups there, its ends read to
+their UTC hour (or day, past the hourly rollups), and the report says so in a `warning`.
+"""
 
 from __future__ import annotations
 
 import io
+import math
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -11,7 +18,9 @@ from typing import Any
 from policies.errors import InvalidInput
 from telemetry.csv_safe import SafeWriter
 from telemetry.ledger import Ledger
+from telemetry.retention import DAY, Horizons, read_horizons
 from telemetry.timefmt import iso_time, parse_time
+from telemetry.totals import rollups_current, totals
 
 GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
 FILTER_KEYS = ("tenant", "app", "model", "lane")
@@ -52,6 +61,30 @@ MEASURES: dict[str, str] = {
     "judge_input_tokens": _judging_only("input_tokens"),
     "judge_output_tokens": _judging_only("output_tokens"),
     "judge_cost_usd": _judging_only("cost"),
+}
+
+# The same measures from rollup columns (telemetry/ledger.py ROLLUP_MEASURES), for spans past the
+# retention and for the dashboard, which carries GET /v1/usage's names and figures.
+USAGE_FROM_ROLLUP: dict[str, tuple[str, ...]] = {
+    "requests": ("requests",),
+    "errors": ("errors",),
+    "input_tokens": ("input_tokens",),
+    "output_tokens": ("output_tokens",),
+    "cached_input_tokens": ("cached_input_tokens",),
+    "cache_write_tokens": ("cache_write_tokens",),
+    "trimmed_tokens": ("trimmed_tokens",),
+    "estimated_requests": ("estimated_requests",),
+    "cost_usd": ("cost",),
+    "saved_usd": ("saved_cache", "saved_edge", "saved_trim"),
+    "saved_cache_usd": ("saved_cache",),
+    "saved_edge_usd": ("saved_edge",),
+    "saved_trim_usd": ("saved_trim",),
+    "saved_vs_strong_usd": ("saved_vs_strong",),
+    "saved_vs_named_usd": ("saved_vs_named",),
+    "judge_requests": ("judge_requests",),
+    "judge_input_tokens": ("judge_input_tokens",),
+    "judge_output_tokens": ("judge_output_tokens",),
+    "judge_cost_usd": ("judge_cost",),
 }
 
 
@@ -120,16 +153,57 @@ def _all(params: Mapping[str, Any], key: str) -> list[str]:
 
 def run_query(ledger: Ledger, query: UsageQuery) -> list[dict[str, Any]]:
     """Blocking: run it on a worker thread."""
-    sql, params = query.sql()
+    return read_usage(ledger, query)[0]
+
+
+def read_usage(ledger: Ledger, query: UsageQuery) -> tuple[list[dict[str, Any]], str | None]:
+    """The report's rows, and a warning when part of the range was read at the rollups' resolution. Blocking."""
+    with ledger.snapshot() as conn:
+        if conn is None:
+            return [], None
+        horizons = read_horizons(conn)
+        if query.start >= horizons.rows_from:
+            sql, params = query.sql()
+            found = [dict(zip(row.keys(), row)) for row in conn.execute(sql, params)]
+        else:
+            found = _from_rollups(conn, query)
     rows = []
-    for row in ledger.read(sql, params):
+    for row in found:
         item = {key: row[key] for key in query.group_by}
         for name in MEASURES:
             value = row[name]
             item[name] = round(value or 0.0, 9) if name.endswith("_usd") else int(value or 0)
         if item["requests"] or item["judge_requests"]:
             rows.append(item)
-    return rows
+    return rows, retention_warning(horizons, query.start, query.end)
+
+
+def retention_warning(horizons: Horizons, start: float, end: float) -> str | None:
+    """What a report over [start, end) must say when an end lies where only rollups are left."""
+    if not (horizons.moved(start) or horizons.moved(end)):
+        return None
+    unit = "hour" if horizons.snap(start) >= horizons.hours_from else "day"
+    return (f"rows before {iso_time(horizons.rows_from)} are past the ledger's retention and kept as totals: this range "
+            f"is counted from {iso_time(horizons.snap(start))} to {iso_time(horizons.snap(end))} (whole UTC {unit}s there)")  # fmt: skip
+
+
+def _from_rollups(conn: sqlite3.Connection, query: UsageQuery) -> list[dict[str, Any]]:
+    """The query's rows from the rollups (and the raw rows where they are kept), grouped like query.sql()."""
+    keys = tuple(k for k in query.group_by if k != "day")
+    ranges = [(query.start, query.end)]
+    if "day" in query.group_by:
+        edges = [query.start, *range(math.floor(query.start / DAY) * DAY + DAY, math.ceil(query.end / DAY) * DAY, DAY), query.end]
+        ranges = list(zip(edges, edges[1:]))
+    columns = tuple(dict.fromkeys(c for cs in USAGE_FROM_ROLLUP.values() for c in cs))
+    found = []
+    for row in totals(conn, ranges, keys, measures=columns, filters=query.filters, rollups=rollups_current(conn)):
+        item: dict[str, Any] = {k: row[k] for k in keys}
+        if "day" in query.group_by:
+            item["day"] = time.strftime("%Y-%m-%d", time.gmtime(ranges[row["label"]][0]))
+        for name, cs in USAGE_FROM_ROLLUP.items():
+            item[name] = sum(row[c] for c in cs)
+        found.append(item)
+    return sorted(found, key=lambda r: tuple(r[k] for k in query.group_by))
 
 
 def report(

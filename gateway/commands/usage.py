@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.errors import PolicyError
 from telemetry.ledger import FILENAME, Ledger
-from telemetry.usage import GROUP_KEYS, UsageQuery, report, run_query, to_csv, to_table
+from telemetry.usage import GROUP_KEYS, UsageQuery, read_usage, report, to_csv, to_table
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -81,7 +81,10 @@ def _usage(args: argparse.Namespace) -> int:
         if not path.exists():
             print(f"no ledger at {path}: has this gateway served any request yet?", file=sys.stderr)
             return 1
-        rows = run_query(Ledger(path), query)
+        rows, note = read_usage(Ledger(path), query)
+        if note is not None:
+            print(f"tierlane usage: warning: {note}", file=sys.stderr)
+            warning = note if warning is None else f"{warning}; {note}"
     if args.format == "json":
         print(json.dumps(report(query, rows, source, warning), indent=2))
     elif args.format == "csv":

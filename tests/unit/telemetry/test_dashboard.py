@@ -18,7 +18,9 @@ from gateway.middleware import build_middleware
 from gateway.routes import dashboard as dashboard_route
 from gateway.services import Services
 from gateway.settings import AuthSettings, Settings
+from policies.errors import InvalidInput
 from telemetry import dashboard as dash
+from telemetry import totals
 from telemetry.dashboard import DashboardQuery
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from tests.unit.telemetry.conftest import Harness, TelemetryFactory
@@ -234,17 +236,17 @@ def test_rollups_and_raw_rows_give_the_same_figures(tmp_path: Path) -> None:
     try:
         query = DashboardQuery.parse({"from": str(DAY0 + 12345.6), "to": str(DAY0 + 8 * 86400 + 777.7), "tz": "Asia/Kolkata", "bucket": "hour"})
         with ledger.snapshot() as conn:
-            assert conn is not None and dash.rollups_current(conn)
+            assert conn is not None and totals.rollups_current(conn)
             ranges = [(lo, hi) for _, lo, hi in query.buckets()]
             for keys in ((), ("lane",), ("tenant", "app", "model")):
-                fast = dash.totals(conn, ranges, keys, rollups=True)
-                slow = dash.totals(conn, ranges, keys, rollups=False)
+                fast = totals.totals(conn, ranges, keys, rollups=True)
+                slow = totals.totals(conn, ranges, keys, rollups=False)
                 assert [{k: v for k, v in r.items() if not isinstance(v, float)} for r in fast] == [
                     {k: v for k, v in r.items() if not isinstance(v, float)} for r in slow
                 ]
                 for a, b in zip(fast, slow):
                     assert a["cost"] == pytest.approx(b["cost"], abs=1e-9)
-            assert dash.histograms(conn, query.start, query.end) == dash.histograms(conn, query.start, query.end, rollups=False)
+            assert totals.histograms(conn, query.start, query.end) == totals.histograms(conn, query.start, query.end, rollups=False)
         want = raw_sums(rows, query.start, query.end)
         report = dash.read_report(ledger, query, budgets=None, now=query.end)
         assert report["rollups"] is True
@@ -318,7 +320,7 @@ def test_an_old_ledger_file_is_migrated_and_its_rollups_caught_up(tmp_path: Path
         while True:  # the writer catches up when idle
             with ledger.snapshot() as snap:
                 assert snap is not None
-                if dash.rollups_current(snap):
+                if totals.rollups_current(snap):
                     break
             assert time.monotonic() < deadline, "the rollups never caught up"
             time.sleep(0.05)
@@ -412,14 +414,14 @@ def test_query_parameters() -> None:
     for bad, param in (({"tz": "Mars/Olympus"}, "tz"), ({"from": "2026-03-10", "to": "2026-03-09"}, "from"),
                        ({"bucket": "week"}, "bucket"), ({"from": "yesterday"}, "from"),
                        ({"from": "2020-01-01", "to": "2026-01-01", "bucket": "hour"}, "bucket")):  # fmt: skip
-        with pytest.raises(dash.InvalidInput) as err:
+        with pytest.raises(InvalidInput) as err:
             DashboardQuery.parse(bad)
         assert err.value.param == param
 
 
 def test_cover_splits_into_aligned_buckets_and_raw_ends() -> None:
     lo, hi = DAY0 - 1800.5, DAY0 + 2 * 86400 + 3600 + 900 + 10
-    spans = dash.cover(lo, hi)
+    spans = totals.cover(lo, hi)
     assert spans[0] == (0, lo, DAY0 - 1800) and spans[1] == (900, DAY0 - 1800, DAY0)
     assert (86400, DAY0, DAY0 + 2 * 86400) in spans and spans[-1] == (0, DAY0 + 2 * 86400 + 4500, hi)
     assert sum(b - a for _, a, b in spans) == pytest.approx(hi - lo)
