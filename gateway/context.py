@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.lanes import AUTO, RouteRequest
-from policies.domain import EdgeCheck, Outcome, Principal, RouteDecision, Usage
+from policies.domain import EdgeCheck, Outcome, Principal, Priority, RouteDecision, Usage
 from policies.router.features import Prompt
 
 __all__ = ["Answer", "Api", "ModelCall", "NativeApi", "NativeStream", "Operation", "WireOperation", "Outcome", "Principal",
@@ -127,6 +127,7 @@ class RequestContext:
     session: str | None = None
     stream: bool = False
     api: Api = "chat"  # the wire API it came in through (attribution: spans and the ledger)
+    priority: Priority = "interactive"  # its class: flow control's order when the upstream is busy
     received_at: float = field(default_factory=time.perf_counter)
     lane: str = "upstream"  # cache | edge | upstream
     target_model: str | None = None  # the model the lane is asked for

@@ -10,6 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# How urgent a request is: interactive (a person waits; the default), standard (a service that
+# can wait seconds), batch (bulk work that fills idle capacity; every Batch API line). Flow control
+# serves the classes in this order when the upstream is busy.
+Priority = Literal["interactive", "standard", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "standard", "batch")
+
 
 @dataclass(slots=True, frozen=True)
 class Principal:
