@@ -1,9 +1,11 @@
-"""Pipeline stage, always first: validate the route header and resolve the model name to a lane.
+"""Pipeline stage, always first: validate the route header, resolve the model name to a lane and the priority class.
 
 An explicit model fixes the lane here (the edge model, or the upstream pool that serves it).
 `auto` gets the default upstream pool (else the edge) and that pool's model; when the router
-is on, the route stage decides it again. An unknown model or a bad route header ends the
-request here, before budgets are counted or the cache is asked.
+is on, the route stage decides it again. An unknown model or a bad route or priority header ends
+the request here, before budgets are counted or the cache is asked. The class (policies/priority.py)
+is the one the `x-tierlane-priority` header asks for, else the tenant/app's default, bounded by its
+max; a class a front door set before (the Batch API's `batch`) is never raised.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from gateway.errors import InvalidRequest, ModelNotFound, UpstreamUnavailable
 from gateway.lanes import AUTO, ROUTE_HEADER, ROUTE_VALUES, RouteRequest
 from gateway.pipeline.base import ALL_OPERATIONS
 from gateway.upstream.pool import UpstreamPool
+from policies.errors import InvalidInput
+from policies.priority import HEADER as PRIORITY_HEADER
+from policies.priority import PriorityPolicy
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -124,16 +129,24 @@ def requested_route(ctx: RequestContext) -> RouteRequest | None:
 
 
 class ResolveStage:
-    """Sets ctx.requested_route, ctx.lane, ctx.pool and ctx.target_model."""
+    """Sets ctx.requested_route, ctx.priority, ctx.lane, ctx.pool and ctx.target_model."""
 
     name = "resolve"
     operations = ALL_OPERATIONS
 
-    def __init__(self, catalog: ModelCatalog) -> None:
+    def __init__(self, catalog: ModelCatalog, priorities: PriorityPolicy | None = None) -> None:
         self.catalog = catalog
+        self.priorities = priorities
 
     async def run(self, ctx: RequestContext) -> Answer | None:
         ctx.requested_route = requested_route(ctx)
+        if self.priorities is not None:
+            tenant, app = ctx.principal.tenant, ctx.principal.app
+            try:
+                ctx.priority = self.priorities.resolve(tenant, app, ctx.header(PRIORITY_HEADER), ctx.priority)
+            except InvalidInput:
+                ctx.priority = self.priorities.resolve(tenant, app, None, ctx.priority)  # the refusal's row: its class
+                raise
         catalog = self.catalog
         alias = catalog.alias(ctx.model)
         if alias is not None and alias != ctx.model:
@@ -168,4 +181,4 @@ class ResolveStage:
 
 
 def build(services: Services) -> ResolveStage:
-    return ResolveStage(ModelCatalog.from_services(services))
+    return ResolveStage(ModelCatalog.from_services(services), PriorityPolicy(services.policy))
