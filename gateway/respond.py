@@ -154,23 +154,27 @@ async def deliver(
     request: web.Request, ctx: RequestContext, answer: Answer, pipeline: Pipeline, wire: WireFormat = OPENAI
 ) -> web.StreamResponse:
     if answer.chunks is None:
-        body = answer.body or {}
-        if answer.native is not None:
-            shown = answer.native
-        else:
-            shown = await wire.body(ctx, body) if answer.status == 200 and wire is not OPENAI else body
+        shown, outcome = await whole(ctx, answer, wire)
         response = web.Response(
             body=orjson.dumps(shown),
             status=answer.status,
             content_type="application/json",
             headers=answer_headers(ctx, answer.headers),
         )
-        pipeline.complete(
-            ctx,
-            Outcome(status=answer.status, response=body, complete=answer.status == 200, finish_reasons=_finish_reasons(body)),
-        )
+        pipeline.complete(ctx, outcome)
         return response
     return await _stream(request, ctx, answer, pipeline, wire.encoder(ctx))
+
+
+async def whole(ctx: RequestContext, answer: Answer, wire: WireFormat = OPENAI) -> tuple[dict[str, Any], Outcome]:
+    """A whole (not streamed) answer as `wire`'s API shows it, and the outcome to complete ctx with."""
+    body = answer.body or {}
+    if answer.native is not None:
+        shown = answer.native
+    else:
+        shown = await wire.body(ctx, body) if answer.status == 200 and wire is not OPENAI else body
+    return shown, Outcome(status=answer.status, response=body, complete=answer.status == 200,
+                          finish_reasons=_finish_reasons(body))
 
 
 async def _stream(

@@ -11,8 +11,9 @@ from aiohttp import web
 
 from gateway import protocol
 from gateway.apis.field_policy import DROPPED_ATTRIBUTE, DROPPED_HEADER, Dropped, header_value
+from gateway.caller import Caller
 from gateway.context import Api, RequestContext, Usage
-from gateway.keys import PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
+from gateway.keys import SETTINGS
 from gateway.routes.openai import read_body
 from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
@@ -25,30 +26,34 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return protocol.parse_body(await read_body(request, server.max_body_bytes), server.max_items)
 
 
-def field_record(request: web.Request) -> Dropped:
+def caller_of(source: web.Request | Caller) -> Caller:
+    return source if isinstance(source, Caller) else Caller.of(source)
+
+
+def field_record(source: web.Request | Caller) -> Dropped:
     """An empty record of dropped fields under the operator's `apis` policy."""
-    apis = request.app[SETTINGS].apis
+    apis = caller_of(source).settings.apis
     return Dropped(unknown_fields=apis.unknown_fields, hosted_tools=apis.hosted_tools)
 
 
-
-def chat_context(request: web.Request, body: dict[str, Any], api: Api, dropped: Dropped | Iterable[str] = (),
+def chat_context(source: web.Request | Caller, body: dict[str, Any], api: Api, dropped: Dropped | Iterable[str] = (),
                  session: str | None = None) -> RequestContext:
     """The context of a translated request: `body` is a chat-completions body, validated as one."""
-    wire = protocol.validate("chat", body, max_n=request.app[SETTINGS].server.max_n)
+    caller = caller_of(source)
+    wire = protocol.validate("chat", body, max_n=caller.settings.server.max_n)
     ctx = RequestContext(
-        request_id=request[REQUEST_ID],
+        request_id=caller.request_id,
         operation="chat",
         body=body,
-        headers=request.headers,
-        principal=request[PRINCIPAL],
+        headers=caller.headers,
+        principal=caller.principal,
         model=wire.model,
         stream=wire.stream,
         api=api,
-        received_at=request[RECEIVED_AT],
+        received_at=caller.received_at,
         request=wire,
         client_model=wire.model,
-        session=session or session_key(request.headers.get(SESSION_HEADER)),
+        session=session or session_key(caller.headers.get(SESSION_HEADER)),
     )
     names = sorted(set(dropped.names if isinstance(dropped, Dropped) else dropped))
     if names:

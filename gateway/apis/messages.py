@@ -27,6 +27,7 @@ from gateway.apis.common import (
 )
 from gateway.apis.messages_wire import CountTokensRequest, MessagesRequest, to_chat
 from gateway.apis.native import MESSAGES
+from gateway.caller import Caller
 from gateway.context import RequestContext, Usage
 from gateway.errors import GatewayError, as_gateway_error, render_unexpected
 from gateway.keys import ERROR_FORMATS, PIPELINE
@@ -202,15 +203,19 @@ def _session(req: MessagesRequest) -> str | None:
     return session_key(user_id)
 
 
-async def create_message(request: web.Request) -> web.StreamResponse:
-    raw = await read_json(request)
+def message_context(caller: Caller, raw: dict[str, Any]) -> RequestContext:
+    """The context of a Messages request (`raw`, the client's body), translated into chat; answered in `WIRE`."""
     req = protocol.check(MessagesRequest, raw)
-    body, dropped = to_chat(req, raw, field_record(request))
-    ctx = chat_context(request, body, "messages", dropped, session=_session(req))
+    body, dropped = to_chat(req, raw, field_record(caller))
+    ctx = chat_context(caller, body, "messages", dropped, session=_session(req))
     ctx.response_headers["request-id"] = ctx.request_id  # where Anthropic's SDKs look for it
     ctx.native_body = raw  # for an upstream that serves the Messages API itself
     ctx.native_api = MESSAGES  # and how its answers read as chat
-    return await serve(request, ctx, WIRE)
+    return ctx
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    return await serve(request, message_context(Caller.of(request), await read_json(request)), WIRE)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

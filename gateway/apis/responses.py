@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from gateway.apis.responses_wire import (
     translate,
     usage_block,
 )
+from gateway.caller import Caller
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import PRINCIPAL, SERVICES, SETTINGS
@@ -243,7 +245,7 @@ def _not_found(response_id: str, param: str = "response_id") -> NotFound:
     return NotFound(f"no response with id '{response_id}' was found", param=param)
 
 
-def _session(request: web.Request, req: ResponsesRequest, previous: dict[str, Any] | None) -> str | None:
+def _session(headers: Mapping[str, str], req: ResponsesRequest, previous: dict[str, Any] | None) -> str | None:
     """One conversation's key: the client's session or thread id (Codex sends both), its prompt
     cache key, the chain it continues (previous_response_id), else the session header."""
     meta = req.client_metadata or {}
@@ -251,8 +253,7 @@ def _session(request: web.Request, req: ResponsesRequest, previous: dict[str, An
     if previous is not None:
         chain = previous.get("session") or previous["response"].get("id")
     return session_key(meta.get("session_id"), meta.get("thread_id"), req.prompt_cache_key, chain,
-                       request.headers.get("session_id"), request.headers.get("session-id"),
-                       request.headers.get(SESSION_HEADER))
+                       headers.get("session_id"), headers.get("session-id"), headers.get(SESSION_HEADER))
 
 
 # The most turns a previous_response_id chain is read back through (one store read each).
@@ -303,15 +304,19 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             tenant, len(orjson.dumps(raw)) + quota.reserve_output_bytes,
             Limits(quota.max_records_per_tenant, quota.max_bytes_per_tenant, quota.max_bytes_total))
     try:
-        return await _create(request, req, raw, tenant, store, reservation)
+        ctx, wire = await response_context(Caller.of(request), req, raw, store, reservation)
+        return await serve(request, ctx, wire)
     finally:
         if reservation is not None:
             store.release(reservation)
 
 
-async def _create(request: web.Request, req: ResponsesRequest, raw: dict[str, Any], tenant: str, store: ResponseStore,
-                  reservation: Reservation | None) -> web.StreamResponse:
-    server = request.app[SETTINGS].server
+async def response_context(caller: Caller, req: ResponsesRequest, raw: dict[str, Any], store: ResponseStore,
+                           reservation: Reservation | None = None) -> tuple[RequestContext, ResponsesWire]:
+    """The context of a Responses request translated into chat (the conversation of its
+    previous_response_id read from `store`), and the wire that renders (and, with `store`, keeps) its answer."""
+    server = caller.settings.server
+    tenant = caller.principal.tenant
     context: list[dict[str, Any]] = []
     previous = None
     if req.previous_response_id is not None:
@@ -321,17 +326,17 @@ async def _create(request: web.Request, req: ResponsesRequest, raw: dict[str, An
     if context:
         # the conversation a chain assembles is bounded like one request's body
         protocol.check_items({"input": [*context, *inputs]}, server.max_items)
-    body, dropped, tools = translate(req, raw, [*context, *inputs], field_record(request))
+    body, dropped, tools = translate(req, raw, [*context, *inputs], field_record(caller))
     if context and len(orjson.dumps(body["messages"])) > server.max_body_bytes:
         raise PayloadTooLarge(
             f"the conversation assembled from previous_response_id is larger than {server.max_body_bytes} bytes "
             "(server.max_body_bytes); start a new conversation or send a shorter one", param="previous_response_id")
-    session = _session(request, req, previous)
+    session = _session(caller.headers, req, previous)
     turn = Turn(req=req, id=new_id("resp_"), created_at=int(time.time()), tenant=tenant, inputs=inputs,
                 store=store if req.store else None, model=req.model, tools=tools, session=session,
                 reservation=reservation)
-    ctx = chat_context(request, body, "responses", dropped, session=session)
-    return await serve(request, ctx, ResponsesWire(turn))
+    ctx = chat_context(caller, body, "responses", dropped, session=session)
+    return ctx, ResponsesWire(turn)
 
 
 async def _record(request: web.Request) -> dict[str, Any]:

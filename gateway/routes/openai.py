@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 import zlib
+from typing import Any
 
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from gateway import protocol
+from gateway.caller import Caller
 from gateway.context import RequestContext, WireOperation
 from gateway.errors import InvalidRequest, PayloadTooLarge
-from gateway.keys import MODELS, PRINCIPAL, RECEIVED_AT, REQUEST_ID, SETTINGS
+from gateway.keys import MODELS, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.respond import serve
 from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
@@ -35,28 +37,32 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         ) from None
 
 
-async def _handle(request: web.Request, operation: WireOperation) -> web.StreamResponse:
-    app = request.app
-    settings = app[SETTINGS]
-    body = protocol.parse_body(await read_body(request, settings.server.max_body_bytes), settings.server.max_items)
-    wire = protocol.validate(operation, body, max_n=settings.server.max_n)
+def openai_context(caller: Caller, operation: WireOperation, body: dict[str, Any]) -> RequestContext:
+    """The context of an OpenAI endpoint's request: `body` (parsed and bounded) validated for `operation`."""
+    wire = protocol.validate(operation, body, max_n=caller.settings.server.max_n)
     ctx = RequestContext(
-        request_id=request[REQUEST_ID],
+        request_id=caller.request_id,
         operation=operation,
         body=body,
-        headers=request.headers,
-        principal=request[PRINCIPAL],
+        headers=caller.headers,
+        principal=caller.principal,
         model=wire.model,
         stream=wire.stream,
         api=operation,
-        received_at=request[RECEIVED_AT],
+        received_at=caller.received_at,
         request=wire,
         # a conversation's key: the header, else the client's own prompt-cache key
-        session=session_key(request.headers.get(SESSION_HEADER), body.get("prompt_cache_key")),
+        session=session_key(caller.headers.get(SESSION_HEADER), body.get("prompt_cache_key")),
     )
     if ctx.session is not None:
         ctx.attributes[SESSION_ATTRIBUTE] = ctx.session
-    return await serve(request, ctx)
+    return ctx
+
+
+async def _handle(request: web.Request, operation: WireOperation) -> web.StreamResponse:
+    server = request.app[SETTINGS].server
+    body = protocol.parse_body(await read_body(request, server.max_body_bytes), server.max_items)
+    return await serve(request, openai_context(Caller.of(request), operation, body))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
