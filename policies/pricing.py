@@ -9,10 +9,10 @@ spent waiting on it).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from policies.domain import Usage
+from policies.domain import Priority, Usage
 from policies.policy import Policy
 
 PER_MILLION = 1_000_000.0
@@ -67,6 +67,12 @@ class TokenPrice:
     def input_cost(self, tokens: int) -> float:
         return tokens * self.input / PER_MILLION
 
+    def scaled(self, factor: float) -> TokenPrice:
+        """Every price times `factor` (the throughput stays): a discounted tariff."""
+        return replace(self, input=self.input * factor, output=self.output * factor, cached_input=self.cached_input * factor,
+                       per_request=self.per_request * factor, per_second=self.per_second * factor,
+                       cache_write=self.cache_write * factor, cache_write_1h=self.cache_write_1h * factor)
+
 
 @dataclass(slots=True, frozen=True)
 class Pricing:
@@ -79,6 +85,9 @@ class Pricing:
     cache_per_request: float = 0.0
     known: frozenset[str] = field(default_factory=frozenset)
     pools: dict[str, TokenPrice] = field(default_factory=dict)  # a priced pool bills whatever model it serves
+    # the share taken off every upstream price for batch-priority requests (Batch API lines)
+    batch_discount: float = 0.0
+    batch: Pricing | None = field(default=None, compare=False, repr=False)  # these prices with the discount taken off
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Pricing:
@@ -105,7 +114,10 @@ class Pricing:
             str(name): _price(entry, discount, f"pools.{name}")
             for name, entry in (section.get("pools") or {}).items()
         }
-        return cls(
+        batch_discount = _number(section.get("batch_discount", 0.0), "batch_discount")
+        if batch_discount > 1.0:
+            raise ValueError("pricing.batch_discount must lie between 0 and 1")
+        full = cls(
             models=models,
             default_upstream_model=default,
             unknown_model=unknown,
@@ -113,7 +125,27 @@ class Pricing:
             cache_per_request=_number(section.get("cache_per_request", 0.0), "cache_per_request"),
             known=frozenset(models),
             pools=pools,
+            batch_discount=batch_discount,
         )
+        return replace(full, batch=full._discounted(1.0 - batch_discount)) if batch_discount else full
+
+    def _discounted(self, factor: float) -> Pricing:
+        """The upstream prices (models, pools, unknown_model) times `factor`; the edge and cache hits as they are.
+
+        NOTE: one scaled price per original, so the prices that are one object here (unknown_model
+        and the default model's) stay one object: the bill compares prices by identity.
+        """
+        scaled: dict[int, TokenPrice] = {}
+
+        def scale(price: TokenPrice) -> TokenPrice:
+            return scaled.setdefault(id(price), price.scaled(factor))
+
+        return replace(self, models={name: scale(p) for name, p in self.models.items()}, unknown_model=scale(self.unknown_model),
+                       pools={name: scale(p) for name, p in self.pools.items()}, batch=None)
+
+    def for_priority(self, priority: Priority) -> Pricing:
+        """The prices a request of `priority` pays: batch work gets `batch_discount` off the upstream prices."""
+        return self.batch if priority == "batch" and self.batch is not None else self
 
     def upstream(self, model: str | None, pool: str | None = None) -> TokenPrice:
         """The price of an upstream model on a pool: the pool's where it is priced, else the model's;

@@ -103,9 +103,11 @@ def compute_bill(ctx: MeteredRequest, usage: Usage, pricing: Pricing) -> Bill:
 
     The cost is never negative: negative token counts price as 0 and the cost is clamped at 0,
     so no row can pay a budget back. Savings may be negative (a cache hit can cost more than
-    the tokens it avoided).
+    the tokens it avoided). A batch-priority request is priced, and its savings counted, at the
+    batch tariff.
     """
     usage = _non_negative(usage)
+    pricing = pricing.for_priority(ctx.priority)  # batch work: the upstream prices less pricing.batch_discount
     trimmed = sum(max(0, n) for name, n in ctx.trim_saved.items() if name != MASKING)
     untrimmed = Usage(input_tokens=usage.input_tokens + trimmed, output_tokens=usage.output_tokens,
                       cached_input_tokens=usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from policies.domain import EdgeCheck, Principal, RouteDecision, Usage
+from policies.domain import EdgeCheck, Principal, Priority, RouteDecision, Usage
 
 
 class MeteredRequest(Protocol):
@@ -50,6 +50,9 @@ class MeteredRequest(Protocol):
 
     @property
     def received_at(self) -> float: ...
+
+    @property
+    def priority(self) -> Priority: ...  # interactive | standard | batch (batch work is billed at pricing.batch_discount)
 
     @property
     def lane(self) -> str: ...

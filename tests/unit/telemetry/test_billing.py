@@ -76,3 +76,26 @@ def test_bad_pricing_is_refused_with_the_field_named() -> None:
         Pricing.from_section({**good, "models": {**good["models"], "x": {"input": 1}}})
     with pytest.raises(ValueError, match="cached_input_discount"):
         Pricing.from_section({**good, "cached_input_discount": 2})
+
+
+def test_batch_priority_pays_the_upstream_prices_less_the_batch_discount() -> None:
+    discount = PRICING.batch_discount
+    assert 0 < discount < 1  # shipped: batch lines at a discount
+    usage = Usage(input_tokens=1000, output_tokens=200, cached_input_tokens=400)
+    full = compute_bill(make_ctx(model="gpt-4o"), usage, PRICING)
+    batch = compute_bill(make_ctx(model="gpt-4o", priority="batch"), usage, PRICING)
+    assert batch.cost == pytest.approx(full.cost * (1 - discount))
+    assert batch.saved_vs_named == pytest.approx(full.saved_vs_named * (1 - discount))  # like with like
+    # the edge's own price stays; what it saved is counted against the discounted upstream
+    edge_full = compute_bill(make_ctx(model="gpt-4o", lane="edge"), usage, PRICING)
+    edge_batch = compute_bill(make_ctx(model="gpt-4o", lane="edge", priority="batch"), usage, PRICING)
+    assert edge_batch.cost == edge_full.cost
+    assert edge_batch.saved_edge < edge_full.saved_edge
+
+
+def test_a_batch_discount_outside_0_to_1_is_refused() -> None:
+    section = Policy.load().section("pricing")
+    with pytest.raises(ValueError, match="batch_discount"):
+        Pricing.from_section({**section, "batch_discount": 1.5})
+    undiscounted = Pricing.from_section({**section, "batch_discount": 0})
+    assert undiscounted.for_priority("batch") is undiscounted
