@@ -10,6 +10,9 @@ from aiohttp import web
 
 from gateway.apis import messages, responses
 from gateway.auth import KeyTable
+from gateway.batches import anthropic_routes as batch_messages
+from gateway.batches import openai_routes as batch_openai
+from gateway.batches import service as batches
 from gateway.components import COMPONENTS
 from gateway.keys import ERROR_FORMATS, MODELS, PIPELINE, SERVICES, SETTINGS
 from gateway.middleware import build_middleware
@@ -42,6 +45,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
     app[ERROR_FORMATS] = {}
     openai.add_routes(app)
     messages.add_routes(app)
+    batch_openai.add_routes(app)
+    batch_messages.add_routes(app)
     responses.add_routes(app)
     health.add_routes(app)
     usage.add_routes(app)
@@ -99,4 +104,5 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
             await pool.close()
 
     app.cleanup_ctx.append(lifecycle)
+    app.cleanup_ctx.append(batches.lifecycle)  # after the pipeline is built; its runner stops before the pipeline closes
     return app

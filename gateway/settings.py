@@ -367,6 +367,34 @@ class ResponsesSettings(_Strict):
         "against the quotas until its record is stored (then its real size counts) or it fails (then it is released)")
 
 
+class BatchSettings(_Strict):
+    """The Batch API (OpenAI's /v1/files and /v1/batches, Anthropic's /v1/messages/batches): jobs whose lines run
+    through the pipeline at batch priority, kept in state_dir/batches.sqlite3 (embedded state backend only)."""
+
+    enabled: bool = Field(True, description="serve the Batch API endpoints and run their jobs")
+    concurrency: int = Field(
+        2, ge=1, le=256, description="lines of all jobs in flight at once; kept small so batch work never crowds out "
+        "interactive requests until flow control (priority classes at the upstreams) lets it fill idle capacity")
+    window_s: float = Field(
+        86400.0, gt=0, description="how long a job may run (OpenAI's completion_window 24h, Anthropic's 24 hours); lines "
+        "not answered by then are expired and the job ends with what is done")
+    deduplicate: bool = Field(
+        True, description="identical lines of one job (same endpoint and body) are answered once and share that "
+        "answer (one model call, one ledger row); false: each runs on its own (sampling on purpose)")
+    max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024, description="largest input file (POST /v1/files, 400 past it)")
+    max_file_lines: int = Field(50_000, ge=1, description="most lines one input file (or Anthropic batch) may hold")
+    max_bytes_per_tenant: int = Field(
+        1024 * 1024 * 1024, ge=1024, description="bytes of files (inputs and results) one tenant may hold; an upload past "
+        "it is a 429 insufficient_quota (DELETE files or wait for them to expire)")
+    max_queued_lines_per_tenant: int = Field(
+        100_000, ge=1, description="lines not yet answered across one tenant's jobs; a job that would pass it is a 429")
+    max_active_jobs_per_tenant: int = Field(
+        16, ge=1, description="jobs of one tenant not yet ended; one more is a 429 until one ends")
+    retention_s: float = Field(
+        30 * 86400.0, gt=0, description="files, and jobs that ended, are deleted this long after they were made "
+        "(OpenAI's batch files expire after 30 days; Anthropic keeps results 29 days)")
+
+
 class ApisSettings(_Strict):
     """What the front doors (Messages, Responses) do with fields a chat upstream cannot take."""
 
@@ -391,6 +419,7 @@ class Settings(_Strict):
     state: StateSettings = Field(default_factory=StateSettings)
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     apis: ApisSettings = Field(default_factory=ApisSettings)
+    batches: BatchSettings = Field(default_factory=BatchSettings)
     model_aliases: dict[str, str] = Field(
         default_factory=dict,
         description="client model name (globs: * ? [..]) -> auto, a lane's model or an upstream model; "

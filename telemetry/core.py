@@ -303,6 +303,16 @@ class Telemetry:
         )
         return bill
 
+    def release(self, ctx: MeteredRequest) -> None:
+        """Give back what admission reserved for a request that ends unanswered and is not metered: a Batch
+        API line refused by a busy upstream, or cut off by a shutdown, that runs again later (no ledger row)."""
+        if not self.budgets.enabled:
+            return
+        if self.shared is None:
+            self.budgets.settle(ctx.uid, 0, 0.0)
+        else:
+            self.shared.release_soon(ctx.uid)
+
     async def admit_judge(self, key: str, tenant: str, app: str, tokens: int) -> bool:
         """Hold a judging re-ask (gateway/pipeline/shadow.py) against the budgets of `tenant`/`app`, the
         line it is billed to; False when that line is over a limit (or the shared store refuses): the

@@ -161,6 +161,7 @@
     renderHistogram($("chart-similarity"), [
       { name: "cache hits", values: d.quality.cache_similarity_histogram, color: LANE_COLORS.cache }]);
     renderEngine(d.edge_engine, d.scope);
+    renderBatches(d.batches);
     renderErrors(d.errors);
     $("footer").textContent = "Updated " + new Date().toLocaleTimeString() + " · query " + d.query_ms + " ms · " +
       (d.rollups ? "rollups" : "raw rows") + " · percentiles " + d.headline.percentiles +
@@ -382,6 +383,14 @@
       [{ cls: "t", text: "active sequences" }, fmtInt(s.active_sequences) + (s.slots ? " / " + s.slots : "")],
       [{ cls: "t", text: "KV cells in use" }, kv],
       [{ cls: "t", text: "speculative acceptance" }, fmtPct(s.spec_acceptance_rate)]]));
+  }
+  function renderBatches(b) {
+    if (!b) { $("batches").replaceChildren(el("p", { cls: "muted", text: "The Batch API is off on this gateway." })); return; }
+    const jobs = Object.entries(b.jobs).sort();
+    const rows = jobs.map(([status, n]) => [{ cls: "t", text: "jobs " + status }, fmtInt(n)]);
+    rows.push([{ cls: "t", text: "lines waiting (jobs running)" }, fmtInt(b.lines.pending)]);
+    rows.push([{ cls: "t", text: "lines answered / errored" }, fmtInt(b.lines.succeeded) + " / " + fmtInt(b.lines.errored)]);
+    $("batches").replaceChildren(table(["figure", "value"], rows));
   }
   function renderErrors(rows) {
     if (!rows.length) { $("errors").replaceChildren(el("p", { cls: "muted", text: "No errors in this range." })); return; }

@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from gateway.auth import require_admin, require_tenant_admin
+from gateway.batches.service import BATCHES
 from gateway.keys import PRINCIPAL, REQUEST_ID, SERVICES, SETTINGS
 from gateway.pipeline.shadow import AGREE
 from gateway.pipeline.shadow import FILENAME as SHADOW_FILENAME
@@ -162,6 +163,9 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
             body["quality"]["route_bound"] = route_bound(found.route_quality, query.tenant)
         if principal.global_admin and found is not None:
             body["edge_engine"] = engine_stats(found.engine)
+        batches = request.app.get(BATCHES)
+        if batches is not None:  # jobs kept, and the lines of those not yet ended (the Batch API)
+            body["batches"] = await batches.jobs.totals(query.tenant)
         body["warnings"] = list(found.warnings) if found is not None else []
         headers = {"x-request-id": request.get(REQUEST_ID, ""), "x-usage-source": body["source"], "Cache-Control": "no-store"}
         if request.query.get("format") == "csv" or "text/csv" in request.headers.get("Accept", ""):
