@@ -82,7 +82,7 @@ def config(work: Path, up_port: int, args: argparse.Namespace) -> dict[str, Any]
         "state_dir": str(work / "state"),
         "edge": {"enabled": False},
         "upstreams": [{"name": "soak", "base_url": f"http://127.0.0.1:{up_port}/v1", "models": [MODEL]}],
-        "telemetry": {"ledger_retention_hours": args.ledger_retention_h},
+        "telemetry": {"ledger_retention_hours": args.ledger_retention_h, "metrics_auth": "none"},  # the stall counter
         "responses": {"ttl_s": args.responses_ttl_s},
         "policy": {"budgets": {"overrides": [{"match": {"tenant": t}, "set": {"tenant": {"requests_per_minute": args.budget_rpm}}}
                                              for t in BUDGETED]}},
@@ -340,10 +340,11 @@ def main() -> int:
     parser.add_argument("--ledger-retention-h", type=float, default=0.25)
     parser.add_argument("--responses-ttl-s", type=float, default=600.0)
     parser.add_argument("--out", default="soak")
+    parser.add_argument("--max-rps", type=float, default=None, help="a maximum measured before (skips measuring it)")
     args = parser.parse_args()
     measured = None
     if args.rate is None:
-        measured = maximum(args)
+        measured = args.max_rps or maximum(args)
         print(f"maximum: {measured:.1f} requests/s (64 in flight, {args.max_s:g} s)")
     rate = args.rate if args.rate is not None else round(args.share * (measured or 0), 1)
     result = soak(args, rate)
