@@ -1,7 +1,7 @@
 """The soak: an hour of mixed traffic at 65 % of the measured maximum, reported minute by minute.
 
 A gateway process on its shipped defaults (keys mode with 20 tenants, budgets on five of them;
-the edge lane off, as every request names the upstream model) in front of a local upstream that
+the edge lane off unless --edge, as every request names the upstream model) in front of a local upstream that
 answers in 5-50 ms with 0.5 % 503s and 0.5 % cut connections (bench/soak_upstream.py). The mix:
 unique, repeated and paraphrased chat questions, streams, Responses chains with `store`, Messages
 with tools, session headers, 2 % clients that leave mid-stream and 1 % malformed bodies. Arrivals
@@ -80,7 +80,7 @@ def config(work: Path, up_port: int, args: argparse.Namespace) -> dict[str, Any]
     return {
         "auth": {"mode": "keys", "keys": [{"sha256": hash_key(key_of(t)), "tenant": t, "app": "soak"} for t in TENANTS]},
         "state_dir": str(work / "state"),
-        "edge": {"enabled": False},
+        "edge": {"enabled": bool(getattr(args, "edge", False))},
         "upstreams": [{"name": "soak", "base_url": f"http://127.0.0.1:{up_port}/v1", "models": [MODEL]}],
         "telemetry": {"ledger_retention_hours": args.ledger_retention_h, "metrics_auth": "none"},  # the stall counter
         "responses": {"ttl_s": args.responses_ttl_s},
@@ -340,6 +340,7 @@ def main() -> int:
     parser.add_argument("--ledger-retention-h", type=float, default=0.25)
     parser.add_argument("--responses-ttl-s", type=float, default=600.0)
     parser.add_argument("--out", default="soak")
+    parser.add_argument("--edge", action="store_true", help="start the edge engine too (no request names it)")
     parser.add_argument("--max-rps", type=float, default=None, help="a maximum measured before (skips measuring it)")
     args = parser.parse_args()
     measured = None
