@@ -19,7 +19,7 @@ from gateway.middleware import build_middleware
 from gateway.pipeline import order
 from gateway.pipeline.resolve import ModelCatalog
 from gateway.pipeline.runner import Pipeline
-from gateway.routes import cache_admin, dashboard, health, metrics, openai, shadow, usage
+from gateway.routes import cache_admin, dashboard, health, learn_admin, metrics, openai, shadow, usage
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
@@ -52,6 +52,7 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
     usage.add_routes(app)
     shadow.add_routes(app)
     cache_admin.add_routes(app)
+    learn_admin.add_routes(app)
     metrics.add_routes(app)
     dashboard.add_routes(app)
 
@@ -85,6 +86,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                 services.telemetry.watch_cache_bounds(services.cache.bounds.stats)
             if services.route_quality is not None and services.telemetry is not None:
                 services.telemetry.watch_route_bounds(services.route_quality.stats)
+            if services.learn is not None and services.telemetry is not None:
+                services.telemetry.watch_learn(services.learn.stats)
             app[SERVICES] = services
             app[MODELS] = ModelCatalog.from_services(services)
             pipeline = app[PIPELINE] = Pipeline(services, order.STAGES, order.HOOKS)

@@ -16,6 +16,7 @@ COMMAND_MODULES: list[str] = [
     "policies.router.cli",
     "policies.edge_quality.cli",
     "gateway.commands.edge_model",  # `tierlane edge pull`, beside calibrate and probe
+    "gateway.commands.edge_learn",  # `tierlane edge learn-list | learn-forget`
     "policies.trim.cli",
     "gateway.commands.usage",
 ]

@@ -135,6 +135,19 @@ async def _route_quality(settings: Settings, policy: Policy) -> Any:
     return await open_route_quality(settings, policy)
 
 
+def _learn_on(settings: Settings, policy: Policy) -> bool:
+    from policies.learn.config import LearnPolicy
+
+    # NOTE: parsed even where no template is named, so a misspelt key fails at start-up.
+    return LearnPolicy(policy).any_template
+
+
+async def _learn(settings: Settings, policy: Policy) -> Any:
+    from policies.learn.service import open_learning
+
+    return await open_learning(settings.state_dir, policy)
+
+
 COMPONENTS: list[Component] = [
     Component("telemetry", lambda s, p: True, _telemetry),
     Component("engine", lambda s, p: s.edge.enabled, _engine),
@@ -145,4 +158,6 @@ COMPONENTS: list[Component] = [
     Component("responses", lambda s, p: True, _responses),
     # lanes.upstream.tiers.max_quality_loss: regions and the learnt thresholds (gateway/route_quality.py)
     Component("route_quality", _route_quality_on, _route_quality),
+    # policy `learn`: opened only where some tenant/app names a template to learn (docs/edge-learn.md)
+    Component("learn", _learn_on, _learn),
 ]

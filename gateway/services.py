@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gateway.upstream.pool import UpstreamPool
     from policies.cache.backend import CacheBackend
     from policies.embedding.embedder import Embedder
+    from policies.learn.service import Learning
     from policies.policy import Policy
     from policies.router.model import Router
     from telemetry.core import Telemetry
@@ -34,6 +35,7 @@ class Services:
     cascade: Cascade | None = None  # the edge lane's calibrated decision and confidence check
     responses: ResponseStore | None = None  # stored responses of the Responses API
     route_quality: RouteQuality | None = None  # lanes.upstream.tiers.max_quality_loss: regions and learnt thresholds
+    learn: Learning | None = None  # policy `learn`: the templates named to learn and their (input, answer) pairs
     # seconds each part took to start (pool, then every component), in order: /readyz reports them
     startup_s: dict[str, float] = field(default_factory=dict)
     # what an operator must fix for the figures to be right (logged at start, shown on the dashboard)

@@ -20,6 +20,7 @@ from policies.budgets import Budgets, SpendRow
 from policies.cache.error_bound import ScopeStats
 from policies.domain import EdgeCheck, Outcome, Usage
 from policies.errors import LimitExceeded
+from policies.learn.service import TemplateStats
 from policies.policy import Policy
 from policies.pricing import Pricing, TokenPrice
 from policies.shared_state.shared_budgets import SharedBudgets
@@ -27,6 +28,7 @@ from telemetry import attributes as a
 from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
 from telemetry.config import TelemetryConfig
+from telemetry.learn_metrics import LearnCollector
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from telemetry.loop_monitor import LoopMonitor
 from telemetry.metrics import Measurement, OtelMetrics
@@ -131,6 +133,7 @@ class Telemetry:
         self._started = False
         self._watching_bounds = False
         self._watching_route_bounds = False
+        self._watching_learn = False
 
     async def start(self) -> None:
         """Start the loop monitor; open the ledger, load the local tokenizer and restore this month's spend."""
@@ -539,6 +542,13 @@ class Telemetry:
         self._watching_route_bounds = True
         bounds = self.bounds
         self.prometheus.registry.register(BoundCollector(ROUTE_BOUND_GAUGES, read, bounds.tenant, bounds.app, regions=True))
+
+    def watch_learn(self, read: Callable[[], list[TemplateStats]]) -> None:
+        """Export the learned templates' counters on /metrics (policy `learn`). Called once, when learning is on."""
+        if self._watching_learn or self.prometheus is None:
+            return
+        self._watching_learn = True
+        self.prometheus.registry.register(LearnCollector(read, self.bounds.tenant, self.bounds.app))
 
     def render_metrics(self) -> bytes:
         return self.prometheus.render() if self.prometheus is not None else b""

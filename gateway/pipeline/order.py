@@ -16,6 +16,7 @@ STAGES: list[tuple[str, str | None]] = [
 
 HOOKS: list[tuple[str, str | None]] = [
     ("gateway.pipeline.cache_store", "cache"),  # admits complete, successful answers only
+    ("gateway.pipeline.learn_collect", "learn"),  # keeps upstream answers to the templates named to learn
     ("gateway.pipeline.shadow", "shadow"),  # samples cache/edge answers against the upstream, in the background
     ("gateway.pipeline.meter", None),  # last: it bills what the other hooks decided
 ]
