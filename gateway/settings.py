@@ -368,8 +368,7 @@ class ResponsesSettings(_Strict):
 
 
 class BatchSettings(_Strict):
-    """The Batch API (OpenAI's /v1/files and /v1/batches, Anthropic's /v1/messages/batches): jobs whose lines run
-    through the pipeline at batch priority, kept in state_dir/batches.sqlite3 (embedded state backend only)."""
+    """The Batch API: jobs whose lines run through the pipeline at batch priority, kept in state_dir (embedded state only)."""
 
     enabled: bool = Field(True, description="serve the Batch API endpoints and run their jobs")
     concurrency: int = Field(
