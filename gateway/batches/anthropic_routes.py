@@ -6,6 +6,7 @@ error format covers every path under /v1/messages). Every call is scoped to the 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,8 +74,9 @@ async def create_batch(request: web.Request) -> web.Response:
     batches = batches_of(request.app)
     body = await _read_body(request, batches.settings.max_file_bytes)
     server = request.app[SETTINGS].server
-    lines = jsonl.anthropic_lines(body, max_lines=batches.settings.max_file_lines, max_body_bytes=server.max_body_bytes,
-                                  max_items=server.max_items)
+    # checked off the event loop: 100,000 requests validated as Messages requests take seconds
+    lines = await asyncio.to_thread(jsonl.anthropic_lines, body, max_lines=batches.settings.max_file_lines,
+                                    max_body_bytes=server.max_body_bytes, max_items=server.max_items)
     principal = request[PRINCIPAL]
     headers = {name: request.headers[name] for name in KEPT_HEADERS if name in request.headers}
     new = NewJob(tenant=principal.tenant, app=principal.app, key_id=principal.key_id, api="anthropic",

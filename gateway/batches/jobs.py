@@ -294,7 +294,7 @@ class JobStore:
 
     def _end_pending(self, job_id: str, state: str, running: list[int]) -> int:
         db = self._db.conn()
-        keep = ", ".join("?" * len(running)) or "NULL"
+        keep = ", ".join("?" * len(running)) or "-1"  # NOTE: not NULL: `x NOT IN (NULL)` is never true
         with transaction(db):
             n = db.execute(f"UPDATE lines SET state = ? WHERE job_id = ? AND state = 'pending' AND idx NOT IN ({keep}) "
                            f"AND (dup_of IS NULL OR dup_of NOT IN ({keep}))", (state, job_id, *running, *running)).rowcount

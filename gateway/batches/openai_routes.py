@@ -5,6 +5,7 @@ Errors keep OpenAI's shape (the gateway's own). Every call is scoped to the call
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -74,6 +75,13 @@ async def _read_part(part: BodyPartReader, limit: int, what: str) -> bytes:
     return bytes(data)
 
 
+async def _lines(request: web.Request, batches: Batches, content: bytes) -> list[jsonl.Line]:
+    """The file's lines, checked off the event loop (a file of 50,000 lines takes a while)."""
+    server = request.app[SETTINGS].server
+    return await asyncio.to_thread(jsonl.openai_lines, content, max_lines=batches.settings.max_file_lines,
+                                   max_body_bytes=server.max_body_bytes)
+
+
 async def upload_file(request: web.Request) -> web.Response:
     batches = batches_of(request.app)
     limit = batches.settings.max_file_bytes
@@ -99,8 +107,7 @@ async def upload_file(request: web.Request) -> web.Response:
                              "(purpose: batch)", param="purpose")
     if content is None:
         raise InvalidRequest("the `file` field is missing", param="file", code="missing_required_parameter")
-    server = request.app[SETTINGS].server
-    lines = jsonl.openai_lines(content, max_lines=batches.settings.max_file_lines, max_body_bytes=server.max_body_bytes)
+    lines = await _lines(request, batches, content)
     stored = await batches.files.put(request[PRINCIPAL].tenant, "batch", filename, content, len(lines),
                                      batches.settings.max_bytes_per_tenant)
     return web.json_response(file_object(stored))
@@ -161,8 +168,7 @@ async def create_batch(request: web.Request) -> web.Response:
     if stored.purpose != "batch":
         raise InvalidRequest(f"file {file_id!r} has purpose {stored.purpose}, not batch", param="input_file_id")
     content = await batches.files.content(principal.tenant, file_id)
-    server = request.app[SETTINGS].server
-    lines = jsonl.openai_lines(content, max_lines=batches.settings.max_file_lines, max_body_bytes=server.max_body_bytes)
+    lines = await _lines(request, batches, content)
     new = NewJob(tenant=principal.tenant, app=principal.app, key_id=principal.key_id, api="openai", endpoint=str(endpoint),
                  completion_window="24h", window_s=batches.settings.window_s, input_file_id=file_id,
                  metadata=_metadata(body.get("metadata")))

@@ -130,6 +130,34 @@ def test_an_openai_batch_runs_every_line_once_through_the_pipeline(gw, upstream,
         client.files.retrieve(uploaded.id)
 
 
+def test_responses_and_embeddings_lines_answer_in_their_apis_shape(gw):
+    client = sdk(gw)
+    bodies = {"/v1/responses": {"model": "m", "input": "Hi", "max_output_tokens": 8},
+              "/v1/embeddings": {"model": "m", "input": "Hi"}}
+    out = {}
+    for url, body in bodies.items():
+        uploaded = client.files.create(file=("in.jsonl", jsonl([{"custom_id": "x", "method": "POST", "url": url,
+                                                                "body": body}])), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
+        done = wait_for(lambda batch_id=batch.id: (b := client.batches.retrieve(batch_id)).status == "completed" and b,
+                        f"{url} completed")
+        out[url] = orjson.loads(client.files.content(done.output_file_id or "").text)["response"]["body"]
+    response = out["/v1/responses"]
+    assert response["object"] == "response" and response["store"] is False  # its answer is the output file
+    assert response["output"][0]["content"][0]["text"] == ANSWER
+    assert out["/v1/embeddings"]["data"][0]["embedding"] == [0.1, 0.2, 0.3]
+
+
+def test_a_batch_of_lines_for_another_endpoint_fails_naming_them(gw):
+    client = sdk(gw)
+    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line("a", "Hi?")])), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    failed = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "failed" and b, "the batch failed")
+    assert failed.errors is not None and failed.errors.data is not None
+    assert failed.errors.data[0].line == 1 and "/v1/chat/completions" in (failed.errors.data[0].message or "")
+    assert failed.failed_at is not None and failed.output_file_id is None
+
+
 def test_an_anthropic_batch_gives_its_results_in_order(gw, upstream):
     client = claude(gw)
     params = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]}
@@ -211,7 +239,7 @@ def test_tenants_never_see_each_others_files_or_jobs(upstream, make_gateway):
         with pytest.raises(openai.NotFoundError):
             call()
     assert list(b.files.list()) == [] and list(b.batches.list()) == []
-    assert [f.id for f in a.files.list()] == [uploaded.id]
+    assert uploaded.id in [f.id for f in a.files.list()]  # (with its batch's output file, once it has one)
     ca, cb = claude(gw, KEY_A), claude(gw, KEY_B)
     made = ca.messages.batches.create(requests=[{"custom_id": "x", "params": {
         "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}}])
