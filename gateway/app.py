@@ -86,6 +86,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
                 services.telemetry.watch_cache_bounds(services.cache.bounds.stats)
             if services.route_quality is not None and services.telemetry is not None:
                 services.telemetry.watch_route_bounds(services.route_quality.stats)
+            if pool.has_upstreams() and services.telemetry is not None:
+                services.telemetry.watch_flow(pool.flow_stats)
             if services.learn is not None and services.telemetry is not None:
                 services.telemetry.watch_learn(services.learn.stats)
             app[SERVICES] = services

@@ -120,6 +120,12 @@ class BudgetExceeded(RateLimited):
     code = "budget_exceeded"
 
 
+class UpstreamBusy(RateLimited):
+    """Flow control: the request's class may not wait for a busy member (its queue is full), or waited too long."""
+
+    code = "upstream_busy"
+
+
 class BudgetStoreUnavailable(GatewayError):
     """The shared budget store failed and `state.on_store_error` is deny: nothing is admitted unchecked."""
 

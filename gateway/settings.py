@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_engine.settings import EdgeSettings
+from gateway.upstream.flow_settings import FlowSettings
 from policies.embedding.embedder import SERVING_PRECISION
 from policies.policy import _deep_merge
 
@@ -149,6 +150,9 @@ class UpstreamSettings(_Strict):
         "http://host:port/metrics): its running and waiting requests and KV use are scraped and weigh in balancing; "
         "unreachable or unreadable metrics mean the gateway's own counts")
     metrics_interval_s: float = Field(1.0, gt=0, description="how often metrics_url is scraped")
+    max_concurrency: int | None = Field(
+        None, ge=1, description="requests this member runs at once: past it, requests wait in the gateway by priority "
+        "class (pools.<name>.flow); none: no budget unless its scraped metrics show it saturated (flow.from_metrics)")
     prompt_cache_key: bool | None = Field(
         None, description="send the request's session key as prompt_cache_key (OpenAI routes prompt caching by it); "
         "none: only to api.openai.com. Off, a client's own prompt_cache_key on a chat request still goes as sent")
@@ -208,6 +212,7 @@ class PoolSettings(_Strict):
         "same on every replica without a shared store (a few sessions spread unevenly)")
     session_ttl_s: float = Field(
         300.0, gt=0, description="a session unused this long no longer counts on its member (and is placed afresh)")
+    flow: FlowSettings = Field(default_factory=FlowSettings)
 
 
 class EdgeSettingsModel(EdgeSettings):

@@ -28,6 +28,7 @@ from telemetry import attributes as a
 from telemetry.attributes import LabelBounds
 from telemetry.billing import Bill, compute_bill
 from telemetry.config import TelemetryConfig
+from telemetry.flow_metrics import FlowCollector, FlowRead
 from telemetry.learn_metrics import LearnCollector
 from telemetry.ledger import FILENAME, Ledger, LedgerRow
 from telemetry.loop_monitor import LoopMonitor
@@ -133,6 +134,7 @@ class Telemetry:
         self._started = False
         self._watching_bounds = False
         self._watching_route_bounds = False
+        self._watching_flow = False
         self._watching_learn = False
 
     async def start(self) -> None:
@@ -549,6 +551,13 @@ class Telemetry:
             return
         self._watching_learn = True
         self.prometheus.registry.register(LearnCollector(read, self.bounds.tenant, self.bounds.app))
+
+    def watch_flow(self, read: FlowRead) -> None:
+        """Export flow control's queues, waits, refusals and budgets on /metrics (telemetry/flow_metrics.py). Once."""
+        if self._watching_flow or self.prometheus is None:
+            return
+        self._watching_flow = True
+        self.prometheus.registry.register(FlowCollector(read))
 
     def render_metrics(self) -> bytes:
         return self.prometheus.render() if self.prometheus is not None else b""

@@ -89,10 +89,13 @@ async def answer(
             session=ctx.session,
             tenant=ctx.principal.tenant,
             native=native_request,
+            priority=ctx.priority,
         )
     finally:
         ctx.lane_seconds += time.perf_counter() - started
     ctx.attributes["tierlane.upstream.name"] = reply.upstream.name
+    if reply.queued_s > 0:
+        ctx.attributes["tierlane.upstream.queued_ms"] = round(reply.queued_s * 1000.0, 3)
     ctx.response_headers["x-tierlane-upstream"] = reply.upstream.name
     ctx.attributes["tierlane.upstream.attempts"] = reply.attempts
     native = reply.native

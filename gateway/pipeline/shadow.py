@@ -425,7 +425,7 @@ class ShadowHook:
         try:
             reply = await self.services.pool.send(
                 pool_name, PATHS[ctx.operation], body, headers={}, model=model, stream=False,
-                client_authorization=ctx.headers.get("Authorization"),
+                client_authorization=ctx.headers.get("Authorization"), priority="batch",  # judging waits for idle capacity
             )
         except BaseException:
             await self._bill(ctx, config, key, model=model, lane="judge", tokens_in=0, tokens_out=0,

@@ -1,4 +1,5 @@
-"""Named upstreams grouped into pools: prefix/session affinity or least-outstanding balancing, retries, fallback, breakers."""
+"""Named upstreams grouped into pools: prefix/session affinity or least-outstanding balancing, flow control by priority
+class, retries, fallback, breakers."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ from gateway.settings import PoolSettings, Settings, UpstreamSettings
 from gateway.upstream.adapt import adapt
 from gateway.upstream.affinity import AffinityKey, Balancer
 from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.flow import Gate, PoolFlow, Slot, snapshot
 from gateway.upstream.held import ERROR_STATUSES, hold
 from gateway.upstream.placement import Candidate, LocalPlacement, Placement, SharedPlacement
-from gateway.upstream.server_load import ServerLoad, current, keep_scraping
+from gateway.upstream.server_load import STALE_INTERVALS, ServerLoad, current, keep_scraping
 from gateway.upstream.sse import ErrorEvent, iter_events
 from gateway.upstream.to_messages import to_messages, translated_headers
+from policies.domain import Priority
+from telemetry.flow_metrics import FlowClassStats, FlowMemberStats
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,7 @@ class Upstream:
     discovered: tuple[str, ...] = ()  # what a wildcard upstream's /models listed at start
     server_load: ServerLoad | None = None  # its own metrics' last reading (metrics_url)
     sent_at: list[float] = field(default_factory=list)  # monotonic send time of each of this replica's outstanding requests
+    gate: Gate | None = None  # flow control: its budget and the requests waiting for it (flow.py)
 
     @property
     def name(self) -> str:
@@ -164,6 +169,8 @@ class UpstreamReply:
     api: str = "chat"  # the API the member answered in: "messages" for a member without chat (translated, or native)
     sent_at: float = 0.0  # time.monotonic() when the request went out (the member's `sent_at` holds it until release)
     events: AsyncIterator[Any] | None = None  # a Messages stream read up to its first content (held.py)
+    queued_s: float = 0.0  # how long the request waited for members at their budget (flow control)
+    slot: Slot | None = None  # its place on the member, held until release
     _pool: UpstreamPool | None = None
 
     def stream_events(self) -> AsyncIterator[Any]:
@@ -181,6 +188,9 @@ class UpstreamReply:
         if self._pool is not None:
             self._pool._finish(self.upstream, not (not ok if blame is None else blame), self.sent_at)
             self._pool = None
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
 
 
 def _key_headers(cfg: UpstreamSettings, path: str) -> dict[str, str]:
@@ -213,6 +223,10 @@ class UpstreamPool:
         self._pools: dict[str, PoolSettings] = {
             name: settings.pools.get(name, PoolSettings()) for name in self._by_pool
         }
+        self._flows = {name: PoolFlow(name, self._pools[name].flow) for name in self._by_pool}
+        for upstream in self._upstreams:
+            cfg = upstream.settings
+            upstream.gate = self._flows[cfg.pool].gate(cfg.name, cfg.max_concurrency, STALE_INTERVALS * cfg.metrics_interval_s)
         # prefix and session affinity, per pool of more than one member (one member has no choice to make)
         self._balancers: dict[str, Balancer] = {
             name: Balancer(self._pools[name].balance, self._pools[name].max_load_ratio)
@@ -262,8 +276,9 @@ class UpstreamPool:
         for upstream in self._upstreams:
             cfg = upstream.settings
             if cfg.metrics_url is not None and upstream.session is not None:
+                observe = upstream.gate.observe if upstream.gate is not None else None
                 self._scrapers.append(asyncio.create_task(
-                    keep_scraping(upstream.session, cfg.metrics_url, cfg.metrics_interval_s, upstream),
+                    keep_scraping(upstream.session, cfg.metrics_url, cfg.metrics_interval_s, upstream, observe),
                     name=f"tierlane-metrics-{upstream.name}"))
 
     async def _discover(self, upstream: Upstream) -> None:
@@ -382,6 +397,10 @@ class UpstreamPool:
     def healthy(self) -> bool:
         return any(u.breaker.available() for u in self._upstreams)
 
+    def flow_stats(self) -> tuple[list[FlowClassStats], list[FlowMemberStats]]:
+        """Flow control's figures per pool and class, and each member's budget (telemetry/flow_metrics.py)."""
+        return snapshot(list(self._flows.values()))
+
     def status(self) -> list[dict[str, Any]]:
         return [
             {"name": u.name, "pool": u.settings.pool, "breaker": u.breaker.state, "inflight": u.inflight}
@@ -459,6 +478,7 @@ class UpstreamPool:
         session: str | None = None,
         tenant: str | None = None,
         native: NativeRequest | None = None,
+        priority: Priority = "interactive",
     ) -> UpstreamReply:
         """POST `body` to `path` on an upstream of `pool` (then its fallbacks) and return its reply.
 
@@ -473,12 +493,16 @@ class UpstreamPool:
         (`reply.native` says which). A member whose `apis` leave out chat gets a chat `body` as a
         Messages request with the cache breakpoints placed (to_messages; `reply.api` is then "messages").
 
+        `priority`: the request's class, where the member picked is at its concurrency budget (flow.py): it
+        waits its turn there (`reply.queued_s`), or is answered UpstreamBusy (429) when it may not.
+
         A 2xx reply to a stream comes back with the response open; anything else is read whole.
         """
         # the body as sent, serialised once per distinct set of member settings that change it (adapt)
         payloads: dict[tuple[int | None, str, bool, bool, str], bytes] = {}
         last_error: GatewayError = UpstreamUnavailable(f"no healthy upstream serves model {model!r}")
         attempts = 0
+        queued = 0.0
         for pool_name in self._chain(pool):
             tried: set[int] = set()
             members = self._by_pool[pool_name]
@@ -517,10 +541,19 @@ class UpstreamPool:
                     # NOTE: a native Messages request keeps the client's `anthropic-*` headers (its body was
                     # written for them); one the gateway translated goes with the gateway's own
                     member_path, member_headers = "/messages", translated_headers(headers)
-                reply, failure = await self._attempt(upstream, member_path, sent, member_headers, stream,
-                                                     client_authorization, wire == "messages")
+                # NOTE: placement picked the member; flow control decides when it is sent there
+                slot = await upstream.gate.acquire(priority, tenant, queued) if upstream.gate is not None else None
+                queued += slot.waited_s if slot is not None else 0.0
+                try:
+                    reply, failure = await self._attempt(upstream, member_path, sent, member_headers, stream,
+                                                         client_authorization, wire == "messages", slot)
+                except BaseException:
+                    if slot is not None:
+                        slot.release()  # once: a reply that took it released it already
+                    raise
                 if reply is not None:
                     reply.attempts = attempts
+                    reply.queued_s = queued
                     reply.native = as_native
                     reply.api = wire
                     if balancer is not None:
@@ -577,6 +610,7 @@ class UpstreamPool:
         stream: bool,
         client_authorization: str | None,
         holds: bool = False,
+        slot: Slot | None = None,
     ) -> tuple[UpstreamReply | None, _Failure | None]:
         """One try. Returns (reply, None) or (None, why it failed and whether to try again).
 
@@ -590,7 +624,7 @@ class UpstreamPool:
         elif cfg.api_key:
             out_headers.update(_key_headers(cfg, path))
         upstream.inflight += 1
-        reply = UpstreamReply(upstream=upstream, status=0, sent_at=time.monotonic(), _pool=self)
+        reply = UpstreamReply(upstream=upstream, status=0, sent_at=time.monotonic(), slot=slot, _pool=self)
         upstream.sent_at.append(reply.sent_at)
         backoff = min(cfg.backoff_max_s, cfg.backoff_base_s * (2 ** random.random()))
         try:

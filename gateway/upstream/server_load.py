@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,8 +107,9 @@ async def scrape(session: aiohttp.ClientSession, url: str, timeout_s: float) -> 
     return await asyncio.to_thread(parse, b"".join(chunks).decode("utf-8", "replace"), at)
 
 
-async def keep_scraping(session: aiohttp.ClientSession, url: str, interval_s: float, store: ScrapeTarget) -> None:
-    """Scrape `url` every `interval_s` into `store.server_load` until cancelled."""
+async def keep_scraping(session: aiohttp.ClientSession, url: str, interval_s: float, store: ScrapeTarget,
+                        on_reading: Callable[[ServerLoad], None] | None = None) -> None:
+    """Scrape `url` every `interval_s` into `store.server_load` (and `on_reading`: flow control) until cancelled."""
     failing = False
     while True:
         try:
@@ -120,6 +122,8 @@ async def keep_scraping(session: aiohttp.ClientSession, url: str, interval_s: fl
         failing = load is None
         if load is not None:
             store.server_load = load
+            if on_reading is not None:
+                on_reading(load)
         await asyncio.sleep(interval_s)
 
 
