@@ -28,6 +28,7 @@ APP = "tierlane.app"
 LANE = "tierlane.lane"
 REQUEST_ID = "tierlane.request_id"
 API = "tierlane.api"  # the wire API a request came in through (chat, messages, responses, ...)
+PRIORITY = "tierlane.priority"  # the request's class (interactive, standard, batch): flow control's order
 CACHE_STATUS = "tierlane.cache.status"
 CACHE_SIMILARITY = "tierlane.cache.similarity"
 ROUTE_SCORE = "tierlane.route.score"

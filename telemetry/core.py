@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 # The warning of a usage report answered from this replica's ledger because the shared store did not answer.
 FLEET_UNAVAILABLE = "the shared state store did not answer: these are this replica's totals only"
+FLEET_NO_PRIORITY = "the fleet totals keep no priority class: these are this replica's totals only"
 
 
 class Telemetry:
@@ -367,7 +368,7 @@ class Telemetry:
             output_tokens=max(0, output_tokens), cached_input_tokens=0, estimated=False, trimmed_tokens=0, cost=cost,
             saved_cache=0.0, saved_edge=0.0, saved_trim=0.0, status=status, complete=status == 200, error_code=None,
             latency_ms=latency * 1000.0, ttft_ms=None, cache_status="off", route_score=None,
-            judged_tenant=judged_tenant, judged_app=judged_app,
+            judged_tenant=judged_tenant, judged_app=judged_app, priority="batch",  # re-asks wait for idle capacity
         )  # fmt: skip
         self.ledger.append(row)
         if self.fleet is not None:
@@ -432,6 +433,7 @@ class Telemetry:
             cache_similarity=ctx.cache_similarity if ctx.cache_status == "hit" else None,
             trace_id=trace_id,
             api=ctx.api,
+            priority=ctx.priority,
             tier=ctx.tier if ctx.lane == "upstream" else None,
             saved_vs_strong=bill.saved_vs_strong,
             saved_vs_named=bill.saved_vs_named,
@@ -496,8 +498,12 @@ class Telemetry:
     async def fleet_usage(self, query: UsageQuery) -> tuple[list[dict[str, Any]], str, str | None]:
         """(rows, source, warning): the totals of every replica from the shared store (source "fleet",
         whole UTC hours) when there is one and it answers, else this replica's ledger ("local"; with
-        the redis backend, a warning says the store did not answer)."""
+        the redis backend, a warning says the store did not answer). The fleet totals keep no priority
+        class: a query by it is this replica's, and says so."""
         fleet = self.fleet
+        if fleet is not None and query.rows_only:
+            rows, note = await self.local_usage(query)
+            return rows, "local", "; ".join(w for w in (FLEET_NO_PRIORITY, note) if w)
         if fleet is not None:
             try:
                 return await fleet.query(query), "fleet", None

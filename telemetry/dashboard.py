@@ -46,6 +46,7 @@ from policies.budgets import Budgets, Limits
 from policies.errors import InvalidInput
 from telemetry.csv_safe import SafeWriter
 from telemetry.ledger import LOG_BINS_PER_DOUBLING, ROLLUP_MEASURES, UNIT_BINS, Ledger
+from telemetry.priorities import by_priority
 from telemetry.retention import Horizons, read_horizons
 from telemetry.timefmt import MAX_TS, MIN_TS, TIME_BOUNDS, iso_time
 from telemetry.totals import histograms, rollups_current, totals
@@ -469,6 +470,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         head_rows, breakdown_rows, series_rows, hist, errors = [], [], [], {}, []
         tiers: list[dict[str, Any]] = []
         sessions: list[dict[str, Any]] = []
+        priorities: list[dict[str, Any]] = []
     else:
         head_rows = totals(conn, whole, tenant=query.tenant, rollups=rollups)
         breakdown_rows = totals(conn, whole, USAGE_KEYS, tenant=query.tenant, rollups=rollups)
@@ -478,6 +480,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
         errors = _errors(conn, listed)
         tiers = _tiers(conn, listed)
         sessions = _sessions(conn, listed)
+        priorities = by_priority(conn, listed.start, listed.end, listed.tenant)
     head = head_rows[0] if head_rows else {m: 0 for m in ROLLUP_MEASURES}
     headline = _headline(head)
     if conn is not None:
@@ -547,6 +550,7 @@ def ledger_report(conn: sqlite3.Connection | None, query: DashboardQuery, *, bud
             },
             "routes": routes,
             "tiers": tiers,
+            "priorities": priorities,
             "sessions": sessions,
             "unit_bins": UNIT_BINS,
             "confidence_histogram": {
@@ -570,7 +574,7 @@ def retention_warning(horizons: Horizons, query: DashboardQuery) -> str:
     start, end = horizons.snap(query.start), horizons.snap(query.end)
     read = "" if (start, end) == (query.start, query.end) else f", from {iso_time(start)} to {iso_time(end)}"
     return (f"rows before {iso_time(horizons.rows_from)} are past the ledger's retention: totals there come from its "
-            f"hourly and daily totals{read}; recent errors, tiers and sessions list later requests only, "
+            f"hourly and daily totals{read}; recent errors, tiers, priority classes and sessions list later requests only, "
             "and percentiles come from histograms")  # fmt: skip
 
 
@@ -665,6 +669,10 @@ def to_csv(body: Mapping[str, Any]) -> str:
         for metric, value in r.items():
             if metric != "lane":
                 writer.writerow(["shadow", r["lane"], metric, _cell(value)])
+    for r in quality.get("priorities") or []:
+        for metric, value in r.items():
+            if metric != "priority":
+                writer.writerow(["priorities", r["priority"], metric, _cell(value)])
     for r in quality.get("sessions") or []:
         for metric, value in r.items():
             if metric != "session":

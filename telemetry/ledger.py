@@ -119,6 +119,9 @@ class LedgerRow:
     masked_tokens: int = 0
     mask_write_tokens: int = 0
     saved_mask: float = 0.0
+    # its priority class (interactive, standard, batch); rows written before read as interactive, what
+    # every request was then. Raw rows only: per-class figures cover the rows kept (not the rollups)
+    priority: str = "interactive"
 
     @property
     def day(self) -> str:
@@ -174,7 +177,8 @@ CREATE TABLE IF NOT EXISTS requests (
     mask_write_tokens INTEGER NOT NULL DEFAULT 0,
     saved_mask REAL NOT NULL DEFAULT 0,
     judged_tenant TEXT,
-    judged_app TEXT
+    judged_app TEXT,
+    priority TEXT NOT NULL DEFAULT 'interactive'
 );
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE INDEX IF NOT EXISTS requests_tenant_day ON requests (tenant, app, day);
@@ -204,6 +208,7 @@ ADDED_COLUMNS: dict[str, str] = {
     "saved_mask": "REAL NOT NULL DEFAULT 0",
     "judged_tenant": "TEXT",
     "judged_app": "TEXT",
+    "priority": "TEXT NOT NULL DEFAULT 'interactive'",
 }
 
 # Rollup tables: name -> (keys, bucket lengths in seconds, longest first). Buckets are aligned to

@@ -50,6 +50,7 @@ def request_attributes(ctx: MeteredRequest) -> dict[str, Any]:
         a.LANE: ctx.lane,
         a.CACHE_STATUS: ctx.cache_status,
         a.API: ctx.api,
+        a.PRIORITY: ctx.priority,
     }
     if ctx.cache_similarity is not None:
         attrs[a.CACHE_SIMILARITY] = float(ctx.cache_similarity)

@@ -2,7 +2,9 @@
 
 A range whose rows are all kept is totalled from them, to the second. One that reaches past the
 ledger's retention (telemetry/retention.py) is totalled from the rollups there, its ends read to
-their UTC hour (or day, past the hourly rollups), and the report says so in a `warning`.
+their UTC hour (or day, past the hourly rollups), and the report says so in a `warning`. The
+priority class is on the rows alone (no rollup keeps it): a report grouped or filtered by it covers
+the rows kept, and says so where the range reaches further.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from telemetry.retention import DAY, Horizons, read_horizons
 from telemetry.timefmt import iso_time, parse_time
 from telemetry.totals import rollups_current, totals
 
-GROUP_KEYS = ("tenant", "app", "model", "lane", "day")
-FILTER_KEYS = ("tenant", "app", "model", "lane")
+GROUP_KEYS = ("tenant", "app", "model", "lane", "priority", "day")
+FILTER_KEYS = ("tenant", "app", "model", "lane", "priority")
+ROW_ONLY_KEYS = frozenset({"priority"})  # kept on the raw rows, in no rollup
 DEFAULT_DAYS = 30
 
 JUDGE = "judge"  # the operation of a shadow re-ask's row (gateway/pipeline/shadow.py): judging spend
@@ -123,6 +126,11 @@ class UsageQuery:
         filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k)}
         return cls(start=start, end=end, group_by=tuple(group_by), filters=filters)
 
+    @property
+    def rows_only(self) -> bool:
+        """Whether it groups or filters by a key only the raw rows keep (the priority class)."""
+        return bool(ROW_ONLY_KEYS & {*self.group_by, *self.filters})
+
     def for_tenant(self, tenant: str) -> UsageQuery:
         """The same query over one tenant's rows only (what a tenant admin may read)."""
         return replace(self, filters={**self.filters, "tenant": tenant})
@@ -162,11 +170,21 @@ def read_usage(ledger: Ledger, query: UsageQuery) -> tuple[list[dict[str, Any]],
         if conn is None:
             return [], None
         horizons = read_horizons(conn)
+        if query.rows_only and query.start < horizons.rows_from:
+            kept = replace(query, start=min(horizons.rows_from, query.end))
+            sql, params = kept.sql()
+            found = [dict(zip(row.keys(), row)) for row in conn.execute(sql, params)]
+            return _rows(query, found), (f"the priority class is kept on each request's row only: this report counts "
+                                         f"from {iso_time(kept.start)}, where the ledger's rows begin")  # fmt: skip
         if query.start >= horizons.rows_from:
             sql, params = query.sql()
             found = [dict(zip(row.keys(), row)) for row in conn.execute(sql, params)]
         else:
             found = _from_rollups(conn, query)
+    return _rows(query, found), retention_warning(horizons, query.start, query.end)
+
+
+def _rows(query: UsageQuery, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for row in found:
         item = {key: row[key] for key in query.group_by}
@@ -175,7 +193,7 @@ def read_usage(ledger: Ledger, query: UsageQuery) -> tuple[list[dict[str, Any]],
             item[name] = round(value or 0.0, 9) if name.endswith("_usd") else int(value or 0)
         if item["requests"] or item["judge_requests"]:
             rows.append(item)
-    return rows, retention_warning(horizons, query.start, query.end)
+    return rows
 
 
 def retention_warning(horizons: Horizons, start: float, end: float) -> str | None:

@@ -58,6 +58,7 @@ def _usage(args: argparse.Namespace) -> int:
         "app": args.app,
         "model": args.model,
         "lane": args.lane,
+        "priority": args.priority,
     }
     try:
         query = UsageQuery.parse({k: v for k, v in params.items() if v})
@@ -73,7 +74,7 @@ def _usage(args: argparse.Namespace) -> int:
 
         settings = Settings.load(args.config)
         state_dir = state_dir or settings.state_dir
-        if not args.local:
+        if not args.local and not query.rows_only:  # the fleet's totals keep no priority class
             rows, warning = _fleet(settings, query)
     source = "local" if rows is None else "fleet"
     if rows is None:
@@ -102,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "grouped by any of " + ", ".join(GROUP_KEYS) + ". With state.backend: redis the totals are "
         "every replica's, read from the shared store in whole UTC hours (a range is widened to the "
         "hours around it; JSON says source: fleet); --local reads this replica's ledger, to the second. "
-        "When the store does not answer, this replica's ledger answers, with a warning on stderr.",
+        "When the store does not answer, this replica's ledger answers, with a warning on stderr. The priority "
+        "class is kept on the ledger's rows only: a report by it reads this replica's rows still kept.",
     )
     parser.add_argument("--config", help="gateway settings YAML (for its state_dir and state backend)")
     parser.add_argument("--state-dir", type=Path, help="directory holding ledger.sqlite3 (overrides --config); "
@@ -114,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "fleet totals count from the start of its UTC hour")  # fmt: skip
     parser.add_argument("--to", dest="until", help="end: same formats; a date includes that whole day (default: now); "
                         "fleet totals count to the end of its UTC hour")  # fmt: skip
-    for key in ("tenant", "app", "model", "lane"):
+    for key in ("tenant", "app", "model", "lane", "priority"):
         parser.add_argument(f"--{key}", help=f"only this {key}")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.set_defaults(func=_usage)

@@ -356,6 +356,11 @@
     const tiers = q.tiers || [];
     if (tiers.length) parts.push(table(["upstream tier", "requests", "escalated from edge", "tokens", "cost"], tiers.map((t) => [
       { cls: "t", text: t.tier }, fmtInt(t.requests), fmtInt(t.escalated), fmtInt(t.input_tokens + t.output_tokens), fmtUsd(t.cost_usd)])));
+    const classes = q.priorities || [];
+    if (classes.length) parts.push(table(["priority class", "requests", "errors", "refused (busy)", "mean latency", "p95 latency", "mean TTFT"],
+      classes.map((c) => [{ cls: "t", text: c.priority }, fmtInt(c.requests), fmtInt(c.errors),
+        { text: fmtInt(c.refused), title: "answered 429 upstream_busy by flow control (queue full or waited too long)" },
+        fmtMs(c.mean_latency_ms), fmtMs(c.p95_latency_ms), fmtMs(c.mean_ttft_ms)])));
     const sessions = q.sessions || [];
     if (sessions.length) parts.push(table(["session (costliest)", "!tenant / app", "requests", "errors", "tokens", "prompt cache read / written",
       "cached share after the first turns", "masking saved", "cost"],

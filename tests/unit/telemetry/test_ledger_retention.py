@@ -101,7 +101,7 @@ def figures(ledger: Ledger) -> dict[str, Any]:
         out[f"usage{i}"] = run_query(ledger, UsageQuery.parse(params, now=NOW))
     for i, params in enumerate(DASHBOARD):
         body = dash.read_report(ledger, DashboardQuery.parse(params, now=NOW), budgets=None, now=NOW)
-        body["quality"] = {k: v for k, v in body["quality"].items() if k not in ("tiers", "sessions")}
+        body["quality"] = {k: v for k, v in body["quality"].items() if k not in ("tiers", "priorities", "sessions")}
         out[f"dashboard{i}"] = {k: v for k, v in body.items() if k not in LISTINGS}
     return out
 
