@@ -467,13 +467,17 @@ def _soak(d: dict[str, Any]) -> list[Record]:
     base, tail = d.get("baseline_minutes"), d.get("tail_minutes")
     window = f"minutes {tail[0]}-{tail[1]} against {base[0]}-{base[1]}" if base and tail else "tail against baseline"
     mismatched = d.get("ledger_mismatched_tenants")
+    last = max((m["minute"] for m in d.get("per_minute") or []), default=0)
+    minutes = sum(1 for m in d.get("per_minute") or [] if m["minute"] >= max(1, last - 19)) or None
     return [
         target(f"p50 of the last 10 minutes / minutes 2-11 ({window})", (d.get("p50_ms") or {}).get("ratio"), "<=", 1.2,
                n=n, n_of="requests"),
         target(f"p99 of the last 10 minutes / minutes 2-11 ({window})", (d.get("p99_ms") or {}).get("ratio"), "<=", 1.2,
                n=n, n_of="requests"),
-        target("RSS growth over the last 20 minutes (end / start)", d.get("rss_growth_last_20_min"), "<=", 1.05),
-        target("state directory growth over the last 20 minutes (end / start)", d.get("state_growth_last_20_min"), "<=", 1.05),
+        target("RSS growth over the last 20 minutes (end / start)", d.get("rss_growth_last_20_min"), "<=", 1.05,
+               n=minutes, n_of="minutes"),
+        target("state directory growth over the last 20 minutes (end / start)", d.get("state_growth_last_20_min"), "<=", 1.05,
+               n=minutes, n_of="minutes"),
         target("5xx answers", d.get("responses_5xx"), "==", 0, n=n, n_of="requests"),
         target("answers neither a success nor a clear error (or no answer)", d.get("unclear"), "==", 0, n=n, n_of="requests"),
         target("tenants whose ledger total differs from what they sent", None if mismatched is None else len(mismatched),
