@@ -65,6 +65,9 @@ class LearnSection(StrictSection):
     retention_days: float = Field(30.0, gt=0, le=3650)
     tenant_quota_bytes: int | None = Field(268_435_456, ge=0)
     max_pair_bytes: int = Field(262_144, ge=1024, le=16_777_216)
+    min_pairs: int = Field(200, ge=2, le=1_000_000, description="fewest pairs `tierlane edge learn` trains an adapter from")
+    max_disagreement: float = Field(0.05, gt=0, lt=1, description="the share of held-out answers an adapter may get "
+                                    "wrong above its confidence threshold (the threshold's target precision is 1 - this)")
     templates: dict[str, TemplateSpec] = Field(default_factory=dict)
     overrides: list[OverrideRule] = Field(default_factory=list)
 
@@ -163,9 +166,13 @@ class LearnPolicy:
             self._quotas[tenant] = found
         return found
 
-    def _resolve(self, tenant: str, app: str) -> AppLearning:
+    def section_for(self, tenant: str, app: str) -> LearnSection:
+        """The section as it applies to tenant/app (its overrides merged), e.g. for the trainer's min_pairs."""
         merged = self.policy.resolve("learn", tenant=tenant, app=app)
-        section = LearnSection.model_validate({k: v for k, v in merged.items() if k != "overrides"})
+        return LearnSection.model_validate({k: v for k, v in merged.items() if k != "overrides"})
+
+    def _resolve(self, tenant: str, app: str) -> AppLearning:
+        section = self.section_for(tenant, app)
         templates = [] if not section.enabled else [
             _template(name, spec, section) for name, spec in sorted(section.templates.items()) if spec.enabled
         ]
