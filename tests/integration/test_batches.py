@@ -8,9 +8,16 @@ what is done.
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +26,17 @@ import httpx
 import openai
 import orjson
 import pytest
+import yaml
+from aiohttp import web
 
 from gateway.auth import hash_key
 from gateway.batches.service import BATCHES
+from gateway.keys import SERVICES
+from policies.policy import _deep_merge
+from tests.conftest import REPO
 from tests.support.background import RunningApp
-from tests.support.config import upstream_cfg
-from tests.support.faults import Recorder, fault_app
+from tests.support.config import PASS_THROUGH, upstream_cfg
+from tests.support.faults import Recorder, completion, fault_app
 
 ANSWER = "Batch answers arrive"
 KEY_A, KEY_B = "tl-batches-tenant-a", "tl-batches-tenant-b"
@@ -222,6 +234,131 @@ def test_a_restart_mid_job_loses_and_doubles_no_line(bg, upstream, make_gateway,
     assert len(rows) == 5 and len({request_id for request_id, _, _ in rows}) == 5  # one row per line
     assert {line["id"] for line in output} == {request_id for request_id, _, _ in rows}
     assert rec.hits == 7  # at least once to the upstream: the two cut off were asked again
+
+
+def test_a_line_flow_control_refuses_waits_and_runs_again_instead_of_failing(bg, upstream, make_gateway):
+    up, rec, held = upstream
+    held["on"] = True
+    # a member of budget 1 whose batch queue takes nobody: a batch line finding it busy is refused upstream_busy
+    gw = make_gateway(upstreams=[upstream_cfg("up", up.url + "/v1", models=["m"], max_concurrency=1)],
+                      pools={"default": {"flow": {"batch": {"max_queued": 0, "retry_after_s": 0.05}}}})
+    person = httpx.Client(timeout=90)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(person.post, gw.url + "/v1/chat/completions",
+                           json={"model": "m", "messages": [{"role": "user", "content": "A person asks"}]})
+        wait_for(lambda: rec.inflight == 1, "the person's request held by the upstream")
+        client = sdk(gw)
+        uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(f"n{i}", f"Question {i}?") for i in range(3)])),
+                                       purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_for(lambda: refused(bg, gw) >= 2, "batch lines refused by flow control")
+        assert rec.hits == 1 and client.batches.retrieve(batch.id).request_counts.failed == 0  # type: ignore[union-attr]
+        held["on"] = False
+        assert busy.result().status_code == 200
+    done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, "the batch completed")
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 0) and done.error_file_id is None
+    output = [orjson.loads(line) for line in client.files.content(done.output_file_id or "").text.splitlines()]
+    assert sorted(line["custom_id"] for line in output) == ["n0", "n1", "n2"]
+    assert all(line["response"]["status_code"] == 200 for line in output)
+
+
+def refused(bg, gw: RunningApp) -> int:
+    """Batch requests flow control answered upstream_busy, read on the gateway's loop."""
+
+    async def read() -> int:
+        classes, _ = gw.app[SERVICES].pool.flow_stats()
+        return sum(sum(c.shed.values()) for c in classes if c.priority == "batch")
+
+    return bg.call(read())
+
+
+def held_upstream_app(held: dict[str, bool], asked: Counter[str]) -> web.Application:
+    """An upstream that answers at once, but keeps a question naming "hold" while held["on"]."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        question = body["messages"][0]["content"]
+        asked[question] += 1
+        while "hold" in question and held["on"]:  # noqa: ASYNC110 - polls the test's state
+            await asyncio.sleep(0.005)
+        return web.json_response(completion(ANSWER, body.get("model", "m")))
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    return app
+
+
+def serve_process(config: dict[str, Any], tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`tierlane serve` in a process of its own, once it answers /healthz."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / f"{name}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port),
+                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()
+        try:
+            return httpx.get(url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, f"the gateway process {name} answered /healthz", within=120)
+    return proc, url
+
+
+def test_a_gateway_killed_mid_job_and_started_again_loses_and_doubles_no_line(bg, tmp_path):
+    held, asked = {"on": True}, Counter[str]()
+    up = RunningApp(bg, held_upstream_app(held, asked))
+    state = tmp_path / "state"
+    config = _deep_merge(PASS_THROUGH, {"state_dir": str(state), "batches": {"concurrency": 2},
+                                        "upstreams": [upstream_cfg("up", up.url + "/v1", models=["m"], retries=0)]})
+    questions = [f"Question {i}?" for i in range(6)] + [f"Question {i}, hold?" for i in range(6, 12)]
+    first, url = serve_process(config, tmp_path, "first")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(f"n{i}", q) for i, q in enumerate(questions)])),
+                                       purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        # six lines answered and recorded, two more held by the upstream when the process dies
+        wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed == 6  # type: ignore[union-attr]
+                 and sum(asked[q] for q in questions[6:]) == 2, "six lines recorded and two in flight")
+        httpx.get(url + "/v1/usage", params={"group_by": "tenant"}, timeout=30)  # the ledger's commit window written
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    held["on"] = False
+    second, url = serve_process(config, tmp_path, "second")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, "the batch completed")
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (12, 0)
+        output = [orjson.loads(line) for line in client.files.content(done.output_file_id or "").text.splitlines()]
+        assert sorted(line["custom_id"] for line in output) == sorted(f"n{i}" for i in range(12))  # each once
+        httpx.get(url + "/v1/usage", params={"group_by": "tenant"}, timeout=30)  # flushes the ledger
+
+        def rows() -> list[str] | None:
+            conn = sqlite3.connect(state / "ledger.sqlite3")
+            try:
+                found = [r for (r,) in conn.execute("SELECT request_id FROM requests") if r.startswith("batch_req_")]
+            finally:
+                conn.close()
+            return found if len(found) >= 12 else None
+
+        metered = wait_for(rows, "12 batch rows in the ledger")
+        assert len(metered) == 12 and set(metered) == {line["id"] for line in output}  # one row per line, none twice
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(30)
+    # at least once to the upstream: the lines recorded before the kill were not asked again
+    assert all(asked[q] == 1 for q in questions[:6]) and all(asked[q] >= 1 for q in questions[6:])
+    assert sum(asked[q] for q in questions[6:]) == 6 + 2  # the two cut off by the kill were asked again
 
 
 def test_tenants_never_see_each_others_files_or_jobs(upstream, make_gateway):
