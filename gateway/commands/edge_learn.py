@@ -122,8 +122,14 @@ def _learn(args: argparse.Namespace) -> int:
         return _fail(f"learn: {args.template!r} is no template name")
     if args.app and not args.tenant:
         return _fail("learn: --app needs --tenant (an app's name is its tenant's)")
-    numbers = (args.batch_size, args.rank, args.max_tokens, args.max_eval, args.max_batch_tokens,
-               *(n for n in (args.max_steps, args.threads) if n is not None))
+    numbers = (
+        args.batch_size,
+        args.rank,
+        args.max_tokens,
+        args.max_eval,
+        args.max_batch_tokens,
+        *(n for n in (args.max_steps, args.threads) if n is not None),
+    )
     if min(numbers) < 1 or args.epochs <= 0 or args.learning_rate <= 0 or args.budget_s < 0:
         return _fail("learn: --batch-size, --rank, --max-tokens, --max-batch-tokens, --max-eval, --max-steps, --threads, "
                      "--epochs and --learning-rate must be above 0, --budget-s 0 or above")  # fmt: skip
@@ -137,6 +143,7 @@ def _learn(args: argparse.Namespace) -> int:
     from policies.learn.config import LearnPolicy
     from policies.learn.job import Learner, NotEnoughPairs, plan
     from policies.learn.pairs import FILENAME, PairReader
+    from policies.learn.service import ARTIFACTS
     from policies.learn.trainer import Hyper
     from policies.policy import Policy
 
@@ -150,7 +157,7 @@ def _learn(args: argparse.Namespace) -> int:
     path = state_dir / FILENAME
     if not path.exists():
         return _fail(f"learn: no pair file at {path}: no template has collected pairs there")
-    out_dir = Path(args.out) if args.out else state_dir / "learn"
+    out_dir = Path(args.out) if args.out else state_dir / ARTIFACTS
     hyper = Hyper(rank=args.rank, alpha=2 * args.rank, learning_rate=args.learning_rate, batch_size=args.batch_size,
                   epochs=args.epochs, max_steps=args.max_steps, max_tokens=args.max_tokens,
                   max_batch_tokens=args.max_batch_tokens, seed=args.seed)  # fmt: skip

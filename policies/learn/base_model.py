@@ -13,7 +13,6 @@ un-permuted on load, and an adapter's lora_b for them is permuted back when it i
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,15 +50,6 @@ class BaseShape:
     n_layers: int
     n_head: int
     n_head_kv: int
-
-
-def sha256_file(path: Path) -> str:
-    """The file's sha256 (hex)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def permute(rows: np.ndarray, n_head: int) -> np.ndarray:

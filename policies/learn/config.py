@@ -66,8 +66,17 @@ class LearnSection(StrictSection):
     tenant_quota_bytes: int | None = Field(268_435_456, ge=0)
     max_pair_bytes: int = Field(262_144, ge=1024, le=16_777_216)
     min_pairs: int = Field(200, ge=2, le=1_000_000, description="fewest pairs `tierlane edge learn` trains an adapter from")
-    max_disagreement: float = Field(0.05, gt=0, lt=1, description="the share of held-out answers an adapter may get "
-                                    "wrong above its confidence threshold (the threshold's target precision is 1 - this)")
+    max_disagreement: float = Field(0.02, gt=0, lt=1, description="the bound on a served template's disagreement with "
+                                    "the upstream: its upper confidence bound must stay under this for the edge to answer")
+    threshold_disagreement: float = Field(0.01, gt=0, lt=1, description="the held-out disagreement an adapter's confidence "
+                                          "threshold is set at (below max_disagreement, so the online bound can pass)")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="the one-sided confidence of the disagreement's upper bound")
+    shadow_rate: float = Field(1.0, ge=0, le=1, description="share of a shadow template's upstream answers the edge also "
+                               "answers (batch priority, off the request's path) to measure agreement")
+    recheck_rate: float = Field(0.1, ge=0, le=1, description="share of a serving template's local answers re-asked "
+                                "upstream to hold the bound online (each an upstream call, metered as judging)")
+    min_observations: int = Field(50, ge=1, le=1_000_000, description="fewest judged answers before a template serves")
+    window: int = Field(500, ge=10, le=100_000, description="the latest judged answers the bound is measured over")
     templates: dict[str, TemplateSpec] = Field(default_factory=dict)
     overrides: list[OverrideRule] = Field(default_factory=list)
 

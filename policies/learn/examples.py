@@ -63,14 +63,19 @@ def label_set(answers: Sequence[str], *, max_labels: int = MAX_LABELS, coverage:
 class Tokenizer:
     """The edge model's vocabulary and chat template (llama.cpp, no weights loaded)."""
 
-    def __init__(self, model_path: Path) -> None:
-        self.model = LlamaModel(model_path, vocab_only=True)
+    def __init__(self, model_path: Path | None = None, *, model: LlamaModel | None = None) -> None:
+        """The vocabulary of `model_path` (loaded alone), or of a model already loaded (`model`, not closed here)."""
+        if model is None:
+            assert model_path is not None, "name a model file or a loaded model"
+        self._owned = model is None
+        self.model = model if model is not None else LlamaModel(model_path, vocab_only=True)  # type: ignore[arg-type]
         self.template = ChatTemplate(self.model)
         closing = self.template.end_of_turn or self.model.eos_text
         self.end_of_turn = tuple(self.model.tokenize(closing, add_special=False, parse_special=True))
 
     def close(self) -> None:
-        self.model.close()
+        if self._owned:
+            self.model.close()
 
     def prompt(self, messages: Sequence[dict[str, object]]) -> tuple[int, ...]:
         return tuple(self.model.tokenize(self.template.render(messages), add_special=False, parse_special=True))

@@ -83,7 +83,8 @@ class Learner:
     def __init__(self, base_path: Path, *, progress: bool = True, threads: int | None = None) -> None:
         import torch
 
-        from policies.learn.base_model import load_base, sha256_file
+        from policies.artifact_dir import sha256_file
+        from policies.learn.base_model import load_base
 
         # NOTE: torch's thread count is the process's; a learner sets it once for training and llama.cpp alike.
         # On shared cores fewer threads go faster: two threads on two busy cores ran 5x slower than one.
@@ -133,7 +134,7 @@ class Learner:
             scorer.close()
         eval_seconds = time.perf_counter() - started
         manifest = self._manifest(job, hyper, trained, artifact, sha, labels, scored, eval_seconds=eval_seconds,
-                                  too_long=too_long + held_too_long)  # fmt: skip
+                                  too_long=too_long + held_too_long, answer_tokens=longest)  # fmt: skip
         manifest_path = directory / f"{sha}.json"
         part = directory / f".{os.getpid()}.json.part"
         part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
@@ -145,8 +146,9 @@ class Learner:
         return Written(artifact=artifact, manifest=manifest_path, summary=summary)
 
     def _manifest(self, job: Plan, hyper: Hyper, trained: Any, artifact: Path, sha: str, labels: list[str] | None,
-                  scored: Sequence[Scored], *, eval_seconds: float, too_long: int) -> dict[str, Any]:  # fmt: skip
-        bound = threshold(scored, job.section.max_disagreement)
+                  scored: Sequence[Scored], *, eval_seconds: float, too_long: int,
+                  answer_tokens: int) -> dict[str, Any]:  # fmt: skip
+        bound = threshold(scored, job.section.threshold_disagreement)
         agreement = sum(s.agrees for s in scored) / len(scored)
         return {
             "format": MANIFEST_FORMAT,
@@ -188,7 +190,8 @@ class Learner:
             "confidence": {
                 "kind": "label_probability" if labels is not None else "mean_token_logprob",
                 "labels": labels,
-                "max_disagreement": job.section.max_disagreement,
+                "answer_tokens_max": answer_tokens,  # the longest training answer, end of turn included
+                "threshold_disagreement": job.section.threshold_disagreement,
                 "target_agreement": bound.target_agreement,
                 "threshold": bound.threshold,
                 "coverage": bound.coverage,

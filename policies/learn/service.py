@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from edge_engine.adapters import AdapterLimits
+from policies.artifact_dir import sha256_file
 from policies.learn.admission import answer_text, input_reason
 from policies.learn.config import LearnPolicy
 from policies.learn.pairs import FILENAME, PairRow, PairStore, TemplatePairs
 from policies.learn.templates import TemplateMatch, content_text
 from policies.policy import Policy
 
+if TYPE_CHECKING:
+    from policies.learn.serving import LearnedServing
+
 # The request fields a pair keeps besides its messages: what changes the answer, not how it travels.
 _DROPPED_PARAMS = frozenset({"messages", "prompt", "model", "stream", "stream_options", "user", "metadata", "store",
                              "prompt_cache_key", "safety_identifier", "service_tier"})  # fmt: skip
 COLLECTING = "collecting"  # the state of an enabled template; training and serving add theirs later
+ARTIFACTS = "learn"  # STATE_DIR/learn: where `tierlane edge learn` writes adapters and the gateway finds them
 STOPPED = "stopped"  # pairs kept from a template the policy no longer enables for that tenant/app
 
 
@@ -58,6 +65,7 @@ class Learning:
     def __init__(self, policy: LearnPolicy, store: PairStore, *, wall: Any = time.time) -> None:
         self.policy = policy
         self.store = store
+        self.serving: LearnedServing | None = None  # the adapters found on disk and their gates (None: not served)
         self._wall = wall
         # NOTE: changed on the event loop, read by /metrics scrapes that may run on another thread.
         self._lock = threading.Lock()
@@ -142,11 +150,27 @@ class Learning:
         return await self.store.forget(template, tenant, app)
 
     async def close(self) -> None:
+        if self.serving is not None:
+            await self.serving.close()
         await self.store.close()
 
 
-async def open_learning(state_dir: Path, policy: Policy) -> Learning:
-    """The component: the learn section parsed, the pair file opened and swept."""
+async def open_learning(state_dir: Path, policy: Policy, *, base_model: Path | None = None, base_sha256: str | None = None,
+                        adapters: AdapterLimits | None = None, artifacts_dir: Path | None = None,
+                        rescan_s: float = 5.0) -> Learning:  # fmt: skip
+    """The component: the learn section parsed, the pair file opened and swept; with `base_model` (the edge's
+    GGUF), the learned adapters under `artifacts_dir` (default STATE_DIR/learn, where `tierlane edge learn`
+    writes) served from it."""
     store = PairStore(state_dir / FILENAME)
     await store.open()
-    return Learning(LearnPolicy(policy), store)
+    learning = Learning(LearnPolicy(policy), store)
+    if base_model is not None:
+        from edge_engine.adapters import AdapterRunner
+        from policies.learn.serving import LearnedServing
+
+        sha: str = base_sha256 if base_sha256 is not None else await asyncio.to_thread(sha256_file, base_model)
+        runner = await asyncio.to_thread(AdapterRunner, base_model, adapters or AdapterLimits())
+        learning.serving = LearnedServing(learning.policy, artifacts_dir or state_dir / ARTIFACTS, runner, sha,
+                                          rescan_s=rescan_s)  # fmt: skip
+        await learning.serving.start()
+    return learning

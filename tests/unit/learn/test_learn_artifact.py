@@ -59,7 +59,7 @@ def test_fewer_pairs_than_min_pairs_are_refused_naming_the_template_and_the_coun
 def test_min_pairs_is_a_learn_policy_setting_per_tenant_app() -> None:
     policy = LearnPolicy(Policy.load(extra={"learn": {"overrides": [{"match": {"tenant": "acme"}, "set": {"min_pairs": 50}}]}}))
     assert policy.section_for("acme", "shop").min_pairs == 50
-    assert policy.section_for("other", "shop").min_pairs == 200 and policy.section_for("other", "x").max_disagreement == 0.05
+    assert policy.section_for("other", "shop").min_pairs == 200 and policy.section_for("other", "x").max_disagreement == 0.02
 
 
 def test_the_cli_refuses_bad_arguments_before_reading_anything(tmp_path: Path) -> None:

@@ -83,20 +83,20 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def learn(learner: Learner, store: Path, out: Path, template: str = "sentiment", hyper: Hyper = HYPER) -> Written:
     with PairReader(store, wall=lambda: 1.9e9) as reader:
-        job = plan(reader, "acme", "shop", template, LearnSection(min_pairs=8, max_disagreement=0.5))
+        job = plan(reader, "acme", "shop", template, LearnSection(min_pairs=8, threshold_disagreement=0.5))
     return learner.learn(job, hyper, out)
 
 
 @pytest.fixture(scope="module")
 def first(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Written:
-    """The command's run, with min_pairs and max_disagreement from the policy in the settings file."""
+    """The command's run, with min_pairs and threshold_disagreement from the policy in the settings file."""
     import yaml
 
     from gateway.cli import main
 
     config = tmp_path_factory.mktemp("config") / "tierlane.yaml"
     config.write_text(yaml.safe_dump({"state_dir": str(store.parent),
-                                      "policy": {"learn": {"min_pairs": 8, "max_disagreement": 0.5}}}))  # fmt: skip
+                                      "policy": {"learn": {"min_pairs": 8, "threshold_disagreement": 0.5}}}))  # fmt: skip
     out = tmp_path_factory.mktemp("out")
     args = ["edge", "learn", "--config", str(config), "--out", str(out), "--template", "sentiment", "--rank", "4",
             "--batch-size", "4", "--max-steps", "2", "--learning-rate", "5e-3", "--seed", "7", "--threads", "1", "--quiet"]  # fmt: skip
