@@ -58,6 +58,7 @@ async def _embedder(settings: Settings, policy: Policy) -> Any:
     embedder = Embedder(
         max_wait_ms=cfg.max_wait_ms,
         max_batch=cfg.max_batch,
+        max_queue=cfg.max_queue,
         threads=cfg.threads,
         backend=cfg.backend,
         cache_dir=cfg.cache_dir,

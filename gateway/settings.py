@@ -264,6 +264,8 @@ class EmbedderSettings(_Strict):
     )
     max_wait_ms: float = Field(2.0, ge=0, description="longest a text waits for others to share its batch (only while others arrive)")
     max_batch: int = Field(64, ge=1, description="most texts encoded in one batch")
+    max_queue: int = Field(1024, ge=1, description="most texts waiting for the encoder: past it the cache's semantic "
+                           "lookup goes without (exact match only) and the router waits for room")
 
 
 class TelemetrySettings(_Strict):

@@ -122,9 +122,19 @@ class _Pending:
 class Embedder:
     """Micro-batched sentence embeddings for the event loop: concurrent calls share one encode.
 
-    Encoding runs on a single worker thread. Under load the queue fills while that thread is
-    busy, so batches form on their own; when the encoder is idle a lone request is encoded at
-    once, and the batcher waits (at most `max_wait_ms`) only when other requests are arriving.
+    Encoding runs on a single worker thread, off the event loop. Under load the queue fills while
+    that thread is busy, so batches form on their own; when the encoder is idle a lone request is
+    encoded at once (one pass of the event loop, no timer), and the batcher opens its window (at
+    most `max_wait_ms`) only when a second text arrived in that pass, closing it early at
+    `max_batch` texts.
+
+    Bounded: at most `max_batch` texts an encode and `max_queue` texts waiting. `embed` waits for
+    room past that (the request's own coroutine holds its text); `embed_if_room` gives None
+    instead, for callers whose embedding is optional (the cache's semantic lookup).
+
+    Counters (read by tests and benches): `batches`, `texts`, `windows` (batches for which the
+    window timer was armed), `immediate` (batches sent without arming it), `shed` (texts
+    `embed_if_room` turned away).
     """
 
     def __init__(
@@ -133,6 +143,7 @@ class Embedder:
         max_wait_ms: float = 2.0,
         max_batch: int = 64,
         *,
+        max_queue: int = 1024,
         model: SentenceTransformer | SentenceEncoder | None = None,
         threads: int | None = 1,
         backend: str = "onnx",
@@ -143,9 +154,12 @@ class Embedder:
             raise ValueError("max_batch must be at least 1")
         if max_wait_ms < 0:
             raise ValueError("max_wait_ms must not be negative")
+        if max_queue < 1:
+            raise ValueError("max_queue must be at least 1")
         self.model_path = model_path
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_batch = max_batch
+        self.max_queue = max_queue
         self.threads = threads
         self.backend = backend
         self.cache_dir = cache_dir
@@ -157,6 +171,9 @@ class Embedder:
         self._executor: ThreadPoolExecutor | None = None
         self.batches = 0
         self.texts = 0
+        self.windows = 0
+        self.immediate = 0
+        self.shed = 0
 
     @property
     def dimension(self) -> int:
@@ -190,7 +207,7 @@ class Embedder:
             _set_torch_threads(self.threads)
         # Warm-up: the first encode pays for lazy initialisation (torch, onnxruntime arenas).
         await loop.run_in_executor(self._executor, self._encoder.encode, ["warm up"])
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.Queue(maxsize=self.max_queue)
         self._worker = asyncio.create_task(self._run(), name="embedder-batcher")
 
     async def close(self) -> None:
@@ -210,12 +227,28 @@ class Embedder:
             executor.shutdown(wait=True)
 
     async def embed(self, text: str) -> np.ndarray:
-        """One 384-d float32 L2-normalised vector for `text`."""
+        """One 384-d float32 L2-normalised vector for `text` (waits for room when `max_queue` texts are queued)."""
+        queue = self._running_queue()
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        await queue.put(_Pending(text, future))
+        if self._queue is not queue:  # closed while this call waited for room: nobody will encode it
+            raise RuntimeError("the embedder was closed")
+        return await future
+
+    async def embed_if_room(self, text: str) -> np.ndarray | None:
+        """`embed`, or None at once when `max_queue` texts are already waiting (counted in `shed`)."""
+        queue = self._running_queue()
+        if queue.full():
+            self.shed += 1
+            return None
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        queue.put_nowait(_Pending(text, future))
+        return await future
+
+    def _running_queue(self) -> asyncio.Queue[_Pending]:
         if self._queue is None or not self.started:
             raise RuntimeError("Embedder.start() has not been awaited")
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(text, future))
-        return await future
+        return self._queue
 
     async def embed_many(self, texts: list[str]) -> np.ndarray:
         """Rows for several texts, batched together with whatever else is queued."""
@@ -227,11 +260,14 @@ class Embedder:
     async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
         batch = [await queue.get()]
         self._drain(queue, batch)
+        windowed = False
         if len(batch) < self.max_batch:
             # Let callers scheduled in the same loop iteration enqueue before deciding.
             await asyncio.sleep(0)
             arrived = self._drain(queue, batch)
-            if arrived and self.max_wait_s > 0:
+            if arrived and self.max_wait_s > 0 and len(batch) < self.max_batch:
+                # NOTE: only here is a timer armed: a text that found no other arriving never waits on it.
+                windowed = True
                 deadline = asyncio.get_running_loop().time() + self.max_wait_s
                 while len(batch) < self.max_batch:
                     remaining = deadline - asyncio.get_running_loop().time()
@@ -242,6 +278,10 @@ class Embedder:
                     except TimeoutError:
                         break
                     self._drain(queue, batch)
+        if windowed:
+            self.windows += 1
+        else:
+            self.immediate += 1
         return batch
 
     def _drain(self, queue: asyncio.Queue[_Pending], batch: list[_Pending]) -> int:

@@ -69,3 +69,22 @@ class Flow:
             ctx, Outcome(status=status, response=response, complete=complete, finish_reasons=[finish])
         )
         return ctx
+
+
+class Gated:
+    """A real sentence encoder whose encode calls wait until `release` is set (a busy worker thread, on demand)."""
+
+    def __init__(self, inner: Any) -> None:
+        import threading
+
+        self.inner = inner
+        self.backend, self.precision = inner.backend, inner.precision
+        self.entered = threading.Event()  # set when an encode call has started
+        self.release = threading.Event()
+        self.calls: list[list[str]] = []
+
+    def encode(self, texts: list[str]) -> Any:
+        self.calls.append(list(texts))
+        self.entered.set()
+        self.release.wait(60)
+        return self.inner.encode(texts)
