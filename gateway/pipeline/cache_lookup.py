@@ -11,7 +11,7 @@ from gateway.pipeline.base import TEXT_OPERATIONS
 from gateway.pipeline.embed import ensure_embedding
 from policies.cache.backend import CacheBackend
 from policies.cache.replay import fresh_body, replay_chunks
-from policies.cache.scope import build_key, wants
+from policies.cache.scope import build_key, semantic_skip, wants
 from policies.cache.service import CacheHit
 
 if TYPE_CHECKING:
@@ -55,9 +55,16 @@ class CacheLookupStage:
         # Exact match first: a repeat is answered without computing an embedding at all.
         hit = await self.cache.lookup(key, None, config, max_output_tokens=max_tokens, bound_scope=scope)
         refused: list[CacheHit] | None = [] if config.bound is not None else None
-        if hit is None and config.semantic and await ensure_embedding(ctx, self.embedder) is not None:
-            hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False,
-                                          bound_scope=scope, refused=refused)  # fmt: skip
+        if hit is None and config.semantic:
+            # NOTE: embedded only where a semantic match can run: not for a request with tools nor a
+            # last turn past max_text_chars (matched exactly, stored without a vector either way).
+            if skip := semantic_skip(key, config.max_text_chars):
+                ctx.attributes["tierlane.cache.exact_only"] = skip
+            elif await ensure_embedding(ctx, self.embedder, optional=True) is not None:
+                hit = await self.cache.lookup(key, ctx.embedding, config, max_output_tokens=max_tokens, exact=False,
+                                              bound_scope=scope, refused=refused)  # fmt: skip
+            elif self.embedder is not None:
+                ctx.attributes["tierlane.cache.exact_only"] = "embedder_full"
         if config.bound is not None:
             self.cache.bounds.count_lookup(scope, config.bound, hit=hit is not None, exact=hit is not None and hit.exact)
         if hit is None:

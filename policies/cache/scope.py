@@ -22,6 +22,21 @@ class CacheKey:
     text: str  # the normalised last user turn, matched semantically
     tenant: str  # the owning tenant (even when the scope is shared)
     model: str
+    # why this request is looked up and stored by its exact key only ("tools"); "" where a
+    # semantic match may run (cache.max_text_chars is checked apart: semantic_skip)
+    exact_only: str = ""
+
+
+def semantic_skip(key: CacheKey, max_text_chars: int) -> str:
+    """Why `key` is never matched semantically, nor stored with a vector: "" where it may be.
+
+    - `tools`: the request carries tools (an agent turn): its answer depends on what those tools
+      return later, so only an exact repeat (same tools, history and last turn) is served;
+    - `max_text_chars`: the last turn is longer than the policy's `cache.max_text_chars`.
+    """
+    if key.exact_only:
+        return key.exact_only
+    return "max_text_chars" if len(key.text) > max_text_chars else ""
 
 
 # The longest text normalised for a key (characters). A longer one keys on its normalised first
@@ -157,7 +172,13 @@ def build_key(
         }
     )
     exact = hashlib.sha256(f"{scope}\x00{text}".encode()).hexdigest()
-    return CacheKey(scope=scope, exact=exact, text=text, tenant=tenant, model=model), ""
+    exact_only = "tools" if _carries_tools(body) else ""
+    return CacheKey(scope=scope, exact=exact, text=text, tenant=tenant, model=model, exact_only=exact_only), ""
+
+
+def _carries_tools(body: Mapping[str, Any]) -> bool:
+    """Whether a chat request offers the model tools (or the older `functions`)."""
+    return any(isinstance(body.get(name), list) and len(body[name]) > 0 for name in ("tools", "functions"))
 
 
 def wants(headers: Mapping[str, str], directive: str) -> bool:

@@ -20,7 +20,7 @@ from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import VectorIndex
 from policies.cache.matcher import Decision, decide_many, load
-from policies.cache.scope import CacheKey
+from policies.cache.scope import CacheKey, semantic_skip
 from policies.cache.store import Entry, EntryReader, EntryStore
 from policies.cache.verify import VerifyConfig
 from policies.embedding.embedder import DIMENSION
@@ -152,7 +152,7 @@ class SemanticCache:
                 if entry is not None and entry.scope == key.scope and self._fits(entry, max_output_tokens):
                     self._touch_soon(entry.id, now)
                     return CacheHit(entry.id, entry.exact, entry.response, entry.usage, 1.0, True)
-        if not exact and (not config.semantic or vector is None or len(key.text) > config.max_text_chars):
+        if not exact and (not config.semantic or vector is None or semantic_skip(key, config.max_text_chars)):
             return None  # nothing left to look for: no trip to the worker
         return await self._call(self._lookup, key, vector, config, max_output_tokens, exact, bound_scope or key.tenant, refused)
 
@@ -241,7 +241,7 @@ class SemanticCache:
             entry = self._store.get_exact(key.exact, now)
             if entry is not None and entry.scope == key.scope and self._fits(entry, max_output_tokens):
                 return self._hit(entry, 1.0, exact=True, now=now)
-        if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
+        if not config.semantic or vector is None or semantic_skip(key, config.max_text_chars):
             return None
         gate, checks = bound_gate(config)
         neighbours = [n for n in self._index.search(key.scope, vector, config.candidates) if n.similarity >= gate]
@@ -299,7 +299,7 @@ class SemanticCache:
     ) -> int:
         assert self._store is not None and self._index is not None
         now = time.time()
-        semantic = vector is not None and config.semantic and len(key.text) <= config.max_text_chars
+        semantic = vector is not None and config.semantic and not semantic_skip(key, config.max_text_chars)
         entry_id, replaced = self._store.put(
             exact=key.exact,
             scope=key.scope,

@@ -60,7 +60,7 @@ from policies.cache.error_bound import BoundParams, ErrorBounds
 from policies.cache.faiss_index import FaissIndex
 from policies.cache.index import Neighbour
 from policies.cache.matcher import decide_many, load
-from policies.cache.scope import CacheKey
+from policies.cache.scope import CacheKey, semantic_skip
 from policies.cache.service import CacheHit, bound_allows, bound_gate, bound_score
 from policies.embedding.embedder import DIMENSION, vector_space
 from policies.policy import Policy
@@ -347,7 +347,7 @@ class SharedCache:
             hit = self._accept(row, key, None, 1.0, now, max_output_tokens, owner=owner, exact_key=key.exact)
             if hit is not None:
                 return hit
-        if not config.semantic or vector is None or len(key.text) > config.max_text_chars:
+        if not config.semantic or vector is None or semantic_skip(key, config.max_text_chars):
             return None
         gate, checks = bound_gate(config)
         found = await self._call(self._search, key.scope, vector, config.candidates, gate)
@@ -433,7 +433,7 @@ class SharedCache:
         now = time.time()
         owner = self._owner(key, config)
         entry_id = secrets.randbits(62) or 1
-        semantic = vector is not None and config.semantic and len(key.text) <= config.max_text_chars
+        semantic = vector is not None and config.semantic and not semantic_skip(key, config.max_text_chars)
         blob = vector_blob(vector, self.vector_space) if semantic and vector is not None else b""
         expires = now + config.ttl_s
         body = orjson.dumps({"response": response, "usage": usage})
