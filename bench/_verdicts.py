@@ -754,6 +754,47 @@ def _embedding_precision(d: dict[str, Any]) -> list[Record]:
     return out
 
 
+def _scheduling(d: dict[str, Any]) -> list[Record]:
+    """The Batch API with flow control beside interactive alone and the same lines sent at once, on the fleet bench's
+    servers; then what the simulated GPU fleet (the same scheduler) predicts for the same targets."""
+    c = d.get("comparison") or {}
+    runs = d.get("runs") or {}
+    lines = (d.get("workload") or {}).get("lines")
+    during = ((runs.get("batch_api") or {}).get("interactive") or {}).get("measured")
+    out = [
+        target("fleet utilisation while the batch has work (Batch API, flow control): busy slot-seconds / slot-seconds",
+               c.get("utilisation_while_batch_has_work"), ">=", 0.85, n=lines, n_of="batch lines",
+               note=f"interactive alone: {c.get('utilisation_interactive_alone')}"),
+        target("interactive TTFT p99 while the batch runs (Batch API) / interactive alone", c.get("ttft_p99_ratio_vs_alone"),
+               "<=", 1.5, n=during, n_of="interactive turns while the batch had work"),
+        target("interactive TTFT p99 while the batch runs, Batch API / its lines sent at once", c.get("ttft_p99_ratio_vs_naive"),
+               "<=", 0.3, n=during, n_of="interactive turns while the batch had work"),
+        target("batch completion beside interactive traffic / alone on an idle fleet", c.get("batch_completion_ratio_vs_alone"),
+               "<=", 1.25, n=lines, n_of="batch lines"),
+        target("batch lines lost or answered twice in the output file", c.get("lines_lost_or_doubled"), "==", 0, n=lines,
+               n_of="batch lines", note="a restart mid-job: tests/integration/test_batches.py "
+               "test_a_gateway_killed_mid_job_and_started_again_loses_and_doubles_no_line"),
+    ]
+    sim = d.get("simulation") or {}
+    predicted, fleet = sim.get("predicted") or {}, sim.get("fleet") or {}
+    if predicted:
+        runs_sim = sim.get("runs") or {}
+        size = f"simulated GPU fleet, {fleet.get('members')} members x {fleet.get('slots_per_member')} slots"
+        n_int = (runs_sim.get("flow") or {}).get("interactive_during_batch")
+        n_lines = (sim.get("workload") or {}).get("batch_lines")
+        out += [
+            target(f"{size}: utilisation while the batch has work", predicted.get("utilisation_with_batch"), ">=", 0.85,
+                   n=n_lines, n_of="simulated batch lines", note=f"interactive alone: {predicted.get('utilisation_alone')}"),
+            target(f"{size}: interactive TTFT p99 with the batch / alone", predicted.get("ttft_p99_ratio_vs_alone"), "<=", 1.5,
+                   n=n_int, n_of="simulated interactive requests while the batch had work"),
+            target(f"{size}: interactive TTFT p99, Batch API / lines sent at once", predicted.get("ttft_p99_ratio_vs_naive"),
+                   "<=", 0.3, n=n_int, n_of="simulated interactive requests while the batch had work"),
+            target(f"{size}: batch completion beside interactive / alone", predicted.get("batch_completion_ratio_vs_alone"),
+                   "<=", 1.25, n=n_lines, n_of="simulated batch lines"),
+        ]
+    return out
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "front_doors": _front_doors,
     "agents": _agents,
@@ -781,6 +822,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "router": _router,
     "router_latency": _router_latency,
     "router_lofo": _router_lofo,
+    "scheduling": _scheduling,
     "shared_state": _shared_state,
     "static_embedding": _static_embedding,
     "tiers": _tiers,

@@ -898,11 +898,48 @@ def render_static_embedding(data: dict[str, Any]) -> list[str]:
     return lines + _table(["reader", "figure", "MiniLM", "static", "static - MiniLM", "reads"], rows)
 
 
+def render_scheduling(data: dict[str, Any]) -> list[str]:
+    """The measured runs side by side, then the simulated GPU fleet's."""
+    runs, c = data.get("runs") or {}, data.get("comparison") or {}
+    money = c.get("money_per_line_usd") or {}
+    rows = []
+    for name in ("interactive_alone", "naive", "batch_api", "batch_alone"):
+        r = runs.get(name)
+        if not r:
+            continue
+        fleet, people, batch = r.get("fleet") or {}, r.get("interactive") or {}, r.get("batch") or {}
+        lines = (data.get("workload") or {}).get("lines")
+        done = batch.get("completion_s")
+        rows.append([name, fleet.get("utilisation"), fleet.get("window_s"), people.get("measured"), people.get("ttft_p50_ms"),
+                     people.get("ttft_p99_ms"), done, round(lines / done, 3) if lines and done else None, money.get(name)])
+    out = _table(["run", "utilisation", "window s", "interactive turns", "TTFT p50 ms", "TTFT p99 ms", "batch done s",
+                  "lines/s", "USD per line"], rows)
+    w = data.get("workload") or {}
+    if w:
+        out += ["", f"Fleet: {w.get('fleet')}; {w.get('lines')} lines of `max_tokens` {w.get('max_tokens')}; "
+                f"{w.get('sessions')} sessions of {w.get('turns_per_session')} streamed turns over {w.get('arrivals_span_s')} s "
+                f"(30 % of the {w.get('fleet_capacity_requests_per_s')} requests/s the fleet answered with every slot busy); "
+                f"member budget {w.get('member_budget')}, `batches.concurrency` {w.get('batches_concurrency')}. TTFT: turns "
+                "that arrived while the batch had work (all of them alone); utilisation over the batch's window."]
+    sim = data.get("simulation") or {}
+    if sim.get("runs"):
+        f = sim.get("fleet") or {}
+        out += ["", f"Simulated GPU fleet ({f.get('members')} members x {f.get('slots_per_member')} slots, a full step "
+                f"{f.get('step_at_full_batch_x')}x a lone one; the gateway's flow-control classes in virtual time):", ""]
+        out += _table(["run", "utilisation", "interactive TTFT p50 ms", "TTFT p99 ms (while the batch runs)", "batch done s",
+                       "lines/s"],
+                      [[name, r.get("utilisation"), r.get("interactive_ttft_p50_ms"),
+                        r.get("interactive_during_batch_ttft_p99_ms", r.get("interactive_ttft_p99_ms")),
+                        r.get("batch_completion_s"), r.get("batch_lines_per_s")] for name, r in sim["runs"].items()])
+    return out
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "cache_error_bound": render_cache_error_bound,
     "cache_latency": render_cache_latency,
     "peers": render_peers,
     "prefix_affinity": render_prefix_affinity,
+    "scheduling": render_scheduling,
     "mixed": render_mixed,
     "proxy_overhead": render_proxy_overhead,
     "front_doors": render_front_doors,
@@ -933,7 +970,7 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "routing": ("Router, tiers and the quality bound", ("router", "tiers", "mixed", "agreement_judge")),
     "edge": ("Edge lane and cascade", ("edge_",)),
     "agents": ("Front doors and coding agents", ("agent", "front_doors")),
-    "fleet": ("Upstream fleets and shared state", ("prefix_affinity", "shared_state")),
+    "fleet": ("Upstream fleets and shared state", ("prefix_affinity", "shared_state", "scheduling")),
     "gateway": ("Gateway overhead, limits, image, dashboard and demo", ()),
 }
 INDEX_TITLE = "Benchmark results"
