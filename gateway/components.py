@@ -146,7 +146,14 @@ def _learn_on(settings: Settings, policy: Policy) -> bool:
 async def _learn(settings: Settings, policy: Policy) -> Any:
     from policies.learn.service import open_learning
 
-    return await open_learning(settings.state_dir, policy)
+    if not settings.edge.enabled:  # pairs are kept; the adapters are served by the edge model only
+        return await open_learning(settings.state_dir, policy)
+    from edge_engine.adapters import AdapterLimits
+
+    edge = settings.edge
+    limits = AdapterLimits(n_threads=edge.n_threads)
+    return await open_learning(settings.state_dir, policy, base_model=edge.resolved_model_path(),
+                               base_sha256=edge.model_sha256, adapters=limits)  # fmt: skip
 
 
 COMPONENTS: list[Component] = [

@@ -157,6 +157,7 @@ class RequestContext:
     fallback_tier: str | None = None  # the upstream tier of `fallback`, when the policy has tiers
     # lanes.upstream.tiers.max_quality_loss: the region the tier was picked in (gateway.route_quality.QualityProbe)
     quality_probe: Any = None
+    learned: Any = None  # a learned template's request with an artifact (gateway.pipeline.learned.LearnedRequest)
     request: Any = None  # the validated wire model (gateway.protocol); stages read typed values from it
     native_body: dict[str, Any] | None = None  # the client's own body, for an upstream that serves `api` natively
     native_api: NativeApi | None = None  # set with native_body by the front door: how its API's answers read as chat

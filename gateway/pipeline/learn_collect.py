@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import Outcome, RequestContext
+from policies.learn.admission import answer_text
 from policies.learn.service import Answered, Learning
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class LearnCollectHook:
             self._learning.skip(match, tenant, app, "status")
             return
         response = outcome.response
+        learned = ctx.learned
+        serving = self._learning.serving
+        if learned is not None and serving is not None:  # a template not serving: its adapter is judged beside the upstream
+            text, reason = answer_text(response, outcome.finish_reasons, ctx.body.get("response_format"))
+            if reason is None and text is not None:
+                serving.shadow_soon(learned.choice, messages, text, tenant, app)
         usage = ctx.usage
         model = response.get("model")
         self._learning.keep(match, Answered(

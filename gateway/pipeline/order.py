@@ -11,6 +11,7 @@ STAGES: list[tuple[str, str | None]] = [
     ("gateway.pipeline.budget", "budgets"),  # limits are counted before any work is done
     ("gateway.pipeline.cache_lookup", "cache"),  # exact, then semantic + verification; may answer
     ("gateway.pipeline.route", "router"),  # picks the lane for `auto`; enforces lane policy for all
+    ("gateway.pipeline.learned", "learn"),  # a learned template whose gate serves: its adapter answers
     ("gateway.pipeline.trim", "trim"),  # after routing, so tokens are counted for the chosen lane
 ]
 

@@ -58,6 +58,7 @@ from gateway.pipeline.cache_lookup import bound_scope
 from gateway.route_quality import QualityProbe
 from policies.cache.error_bound import BoundParams
 from policies.domain import Usage
+from policies.learn.admission import answer_text as kept_answer
 from policies.pricing import Pricing
 from policies.router.agreement import judge, judge_calls
 from telemetry.tokens import estimate_request_tokens
@@ -341,6 +342,7 @@ class ShadowHook:
         self.judged = 0  # semantic cache hits judged for the cache's error bound
         self.judged_refused = 0  # candidates the bound refused, judged against the upstream's answer
         self.tier_judged = 0  # tiered answers judged against the other tier's (lanes.upstream.tiers.max_quality_loss)
+        self.learned_judged = 0  # learned templates' served answers judged against the upstream's
         self.tier_skipped = 0  # tier re-asks skipped: over shadow.max_per_minute or the tenant's share of it
         self.skipped: dict[str, int] = {}  # judgements not made, per reason (see `_admit`)
         self.spent_usd = 0.0  # what the re-asks cost (also in the ledger, operation `judge`)
@@ -524,6 +526,11 @@ class ShadowHook:
         if self._closed or ctx.operation not in PATHS or not outcome.complete or outcome.status != 200:
             return
         config = self._config_for(ctx)
+        learned = ctx.learned
+        if learned is not None and learned.recheck and learned.served is not None and ctx.lane == "edge":
+            if config.enabled and self._admit(ctx, config, reask=True):
+                self._spawn(ctx, self._recheck_learned(ctx, config, learned))
+            return
         probe = ctx.quality_probe
         if probe is not None and config.enabled and ctx.lane == "upstream" and ctx.tier in probe.targets:
             self._judge_tier_soon(ctx, config, probe, answer_text(outcome.response), answer_calls(outcome.response))
@@ -630,6 +637,33 @@ class ShadowHook:
             self.failed += 1
             log.warning("judging the refused cache candidate of request %s failed: %s", ctx.request_id, exc)
 
+    async def _recheck_learned(self, ctx: RequestContext, config: ShadowConfig, learned: Any) -> None:
+        """A learned template's served answer re-asked upstream and judged: the template's bound held online."""
+        learn = self.services.learn
+        serving = learn.serving if learn is not None else None
+        key = f"{self._key_prefix}{next(self._keys)}"
+        try:
+            async with self._gate:
+                if serving is None:
+                    return
+                pool_name, model = self._target(ctx, config)
+                if not await self._hold(ctx, config, key):
+                    return
+                reply, _, _, _ = await self._reask(ctx, config, key, pool_name, model, shadow_body(ctx, config, model))
+                if reply.status != 200:
+                    raise RuntimeError(f"the upstream answered {reply.status}")
+            body = reply.body if isinstance(reply.body, dict) else None
+            text, reason = kept_answer(body, [], ctx.body.get("response_format"))
+            if text is None:
+                raise RuntimeError(f"the upstream's answer cannot judge it ({reason})")
+            serving.recheck(learned.choice, learned.served, text)
+            self.learned_judged += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a judgement must never surface to anyone
+            self.failed += 1
+            log.warning("re-asking the upstream for learned template answer %s failed: %s", ctx.request_id, exc)
+
     def _judge_tier_soon(self, ctx: RequestContext, config: ShadowConfig, probe: QualityProbe, text: str,
                          calls: list[Any] | None = None) -> None:
         """Sample a tiered answer for the routing quality bound: the other tier is asked the same request.
@@ -728,7 +762,8 @@ def build(services: Services) -> ShadowHook | None:
         or any((rule.get("set") or {}).get("max_error_rate") is not None for rule in cache.get("overrides") or ())
     )
     routes = services.route_quality is not None  # lanes.upstream.tiers.max_quality_loss
-    if not config.enabled or (config.sample_rate <= 0.0 and not any_override and not bound and not routes):
+    learned = services.learn is not None and services.learn.serving is not None  # learned templates' answers
+    if not config.enabled or (config.sample_rate <= 0.0 and not any_override and not bound and not routes and not learned):
         return None
     if not services.pool.has_upstreams():
         log.warning("shadow sampling is on but no upstream is configured: shadow comparisons are off")

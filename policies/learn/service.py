@@ -128,9 +128,11 @@ class Learning:
 
     async def templates(self, tenant: str | None = None) -> list[dict[str, Any]]:
         """Every template with pairs or enabled for a tenant/app the policy names or the gateway has seen:
-        its pairs, bytes and state (`collecting` while enabled, `stopped` when only its pairs remain)."""
+        its pairs, bytes and state: `collecting` while enabled without an adapter, then its adapter's gate
+        (`shadow`, `serving`, `suspended`, with the figures under `learned`), `stopped` when only its pairs remain."""
         stored = {(p.tenant, p.app, p.template): p for p in await self.store.summary(tenant)}
-        enabled: set[tuple[str, str, str]] = set()
+        adapters = self.serving.keys if self.serving is not None else []
+        enabled = {key for key in adapters if tenant is None or key[0] == tenant}
         for t, a in {*self.policy.named(), *self.policy.seen()}:
             if tenant is None or t == tenant:
                 enabled.update((t, a, name) for name in self.policy.for_app(t, a).templates.by_name)
@@ -138,8 +140,10 @@ class Learning:
         for key in sorted(set(stored) | enabled):
             found = stored.get(key) or TemplatePairs(*key, pairs=0, bytes=0, oldest=None, newest=None)
             template = self.policy.for_app(key[0], key[1]).templates.by_name.get(key[2])
+            learned = self.serving.figures(key) if self.serving is not None and template is not None else None
+            state = (learned["state"] if learned is not None else COLLECTING) if template is not None else STOPPED
             out.append({
-                "tenant": key[0], "app": key[1], "template": key[2], "state": COLLECTING if template is not None else STOPPED,
+                "tenant": key[0], "app": key[1], "template": key[2], "state": state, "learned": learned,
                 "pairs": found.pairs, "bytes": found.bytes, "oldest": found.oldest, "newest": found.newest,
                 "max_pairs": template.max_pairs if template is not None else None,
                 "version": template.version if template is not None else None,
