@@ -485,6 +485,36 @@ def _soak(d: dict[str, Any]) -> list[Record]:
     ]
 
 
+# The share of its later requests a learned template must serve locally, by workload (the targets:
+# classification 0.5, extraction 0.3), at served disagreement <= 0.02.
+_LEARN_SHARE = {"sentiment": 0.5, "intent": 0.5, "extraction": 0.3}
+
+
+def _edge_learn(d: dict[str, Any]) -> list[Record]:
+    out: list[Record] = []
+    for w in d.get("workloads") or []:
+        name = w["workload"]
+        serving, drift, training = w.get("serving") or {}, w.get("drift") or {}, w.get("training") or {}
+        after, local = serving.get("requests_after_serving") or 0, serving.get("local_after_serving") or 0
+        out.append(target(f"{name}: upstream answers collected before the adapter", w.get("collect"), "<=", 2000))
+        out.append(target(f"{name}: training seconds (tierlane edge learn, 2 cores)", training.get("command_seconds"), "<=", 1800))
+        out.append(rate(f"{name}: local share of the requests after the template began serving", local, after, ">=",
+                        _LEARN_SHARE.get(name, 0.5), n_of="requests after serving began"))  # fmt: skip
+        out.append(rate(f"{name}: served disagreement with the upstream", serving.get("served_wrong") or 0, local, "<=", 0.02,
+                        n_of="answers served locally"))  # fmt: skip
+        judged, first = serving.get("shadow_judged_before_serving"), serving.get("requests_before_serving")
+        early = None if judged is None or first is None else int(first < judged)
+        out.append(target(f"{name}: answers served before the shadow check passed", early, "==", 0, n=first,
+                          n_of="requests before serving"))  # fmt: skip
+        if drift.get("was_serving"):
+            out.append(target(f"{name}: requests after the upstream changed its answers until the template stopped serving",
+                              drift.get("requests_until_fallback"), "<=", 100, n=drift.get("sent"), n_of="requests sent"))  # fmt: skip
+        else:
+            out.append(not_exercised(f"{name}: requests after the upstream changed its answers until the template stopped "
+                                     "serving", "<=", 100, "the template was not serving"))  # fmt: skip
+    return out
+
+
 def _hostile_state(d: dict[str, Any]) -> list[Record]:
     out: list[Record] = []
     stall = d.get("route_bound_stall") or {}
@@ -801,6 +831,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], list[Record]]] = {
     "agent_sessions": _agent_sessions,
     "hostile_inputs": _hostile_inputs,
     "soak": _soak,
+    "edge_learn": _edge_learn,
     "image": _image,
     "agreement_judge": _agreement_judge,
     "cache_error_bound": _cache_error_bound,

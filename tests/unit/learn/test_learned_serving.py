@@ -24,8 +24,8 @@ from policies.trim.tokenizer import bundled_edge_model
 
 pytest.importorskip("gguf", reason="the learn extra writes adapters (make install installs it)")
 
-from policies.learn.config import LearnPolicy  # noqa: E402
-from tests.support.learned import write_learned  # noqa: E402
+from policies.learn.config import LearnPolicy
+from tests.support.learned import write_learned
 
 SENTIMENT = "Say whether the review is positive or negative."
 
