@@ -162,6 +162,7 @@
       { name: "cache hits", values: d.quality.cache_similarity_histogram, color: LANE_COLORS.cache }]);
     renderEngine(d.edge_engine, d.scope);
     renderBatches(d.batches);
+    renderLearned(d.learned);
     renderErrors(d.errors);
     $("footer").textContent = "Updated " + new Date().toLocaleTimeString() + " · query " + d.query_ms + " ms · " +
       (d.rollups ? "rollups" : "raw rows") + " · percentiles " + d.headline.percentiles +
@@ -396,6 +397,17 @@
     rows.push([{ cls: "t", text: "lines waiting (jobs running)" }, fmtInt(b.lines.pending)]);
     rows.push([{ cls: "t", text: "lines answered / errored" }, fmtInt(b.lines.succeeded) + " / " + fmtInt(b.lines.errored)]);
     $("batches").replaceChildren(table(["figure", "value"], rows));
+  }
+  function renderLearned(rows) {
+    if (!rows) { $("learned").replaceChildren(el("p", { cls: "muted", text: "No template is named to learn on this gateway." })); return; }
+    $("learned").replaceChildren(table(["tenant / app / template", "state", "pairs", "adapter", "judged", "disagreement (upper bound / bound)",
+      "served", "local share"], rows.map((r) => {
+      const g = r.learned || {};
+      const bound = g.judged ? fmtPct(g.disagreement) + " (" + fmtPct(g.disagreement_upper) + " / " + fmtPct(g.max_disagreement) + ")" : "–";
+      return [{ cls: "t", text: r.tenant + " / " + r.app + " / " + r.template }, { cls: "t", text: r.state }, fmtInt(r.pairs),
+        { cls: "t", text: g.sha256 ? g.sha256.slice(0, 12) : "–" }, fmtInt(g.judged || 0), bound, fmtInt(g.served || 0),
+        fmtPct(g.local_share)];
+    })));
   }
   function renderErrors(rows) {
     if (!rows.length) { $("errors").replaceChildren(el("p", { cls: "muted", text: "No errors in this range." })); return; }

@@ -166,6 +166,8 @@ def add_routes(app: web.Application, services: Services | None = None) -> None:
         batches = request.app.get(BATCHES)
         if batches is not None:  # jobs kept, and the lines of those not yet ended (the Batch API)
             body["batches"] = await batches.jobs.totals(query.tenant)
+        if found is not None and found.learn is not None:  # learned templates: pairs, adapter, gate, local share
+            body["learned"] = await found.learn.templates(query.tenant)
         body["warnings"] = list(found.warnings) if found is not None else []
         headers = {"x-request-id": request.get(REQUEST_ID, ""), "x-usage-source": body["source"], "Cache-Control": "no-store"}
         if request.query.get("format") == "csv" or "text/csv" in request.headers.get("Accept", ""):

@@ -101,6 +101,9 @@ def test_a_learned_template_is_served_only_after_its_shadow_check_and_falls_back
     assert first_local >= opened["after_judged"]  # each judged answer was a request the upstream answered first
     assert state == "serving" and figures["served"] >= 3
     assert figures["rechecked"] >= 1  # served answers re-asked upstream (recheck_rate 1) and judged the same
+    board = httpx.get(gw.url + "/v1/dashboard", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30).json()
+    shown = next(row for row in board["learned"] if row["template"] == "echo")
+    assert shown["state"] == "serving" and shown["learned"]["served"] == figures["served"]
 
     # The traffic changes: judged answers disagree until the bound breaks, and the template goes back upstream.
     choice = serving.choice("acme", "words", "echo", version)
