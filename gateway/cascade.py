@@ -4,13 +4,18 @@ Before generation the calibration's prior for the prompt decides whether the edg
 all (route stage); after generation (or after the first `hold_tokens` of a stream) the answer's
 token confidence decides whether it is served or escalated upstream. Both thresholds come from
 the calibration of the configured edge model and the tenant's `cascade` policy.
+
+Every decision about one edge answer is made here, by its `EdgeAttempt`: the edge lane only runs
+the engine and applies what the attempt says, once before decoding (`plan`), once per engine
+event (`on_event`, or `on_deadline` when the attempt ran out of time) and once at the end
+(`on_end`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -25,7 +30,7 @@ from policies.policy import Policy
 from policies.router.features import last_user_text
 
 if TYPE_CHECKING:
-    from edge_engine import EdgeEngine
+    from edge_engine import EdgeEngine, GenerationEvent, SamplingParams
     from gateway.edge_calibration import BackgroundCalibration, EdgeCalibrationStatus
 
 log = logging.getLogger(__name__)
@@ -66,12 +71,6 @@ class EdgeJudge:
     deadline_slack: float = 0.0  # 0: no deadline for the attempt
     deadline_min_s: float = 0.0
 
-    def deadline_s(self, expected_s: float | None) -> float | None:
-        """Seconds the attempt may take before it is judged, given what it takes on the engine alone."""
-        if self.deadline_slack <= 0 or expected_s is None:
-            return None
-        return self.deadline_min_s + self.deadline_slack * expected_s
-
     def check(self, tokens: Sequence[TokenInfo], finish_reason: str | None, *, final: bool,
               served: bool = False, structured: bool = False) -> EdgeCheck:
         """`structured`: the answer was constrained to JSON; cut short by max_tokens it does not parse."""
@@ -91,6 +90,120 @@ class EdgeJudge:
             escalated=self.escalate and not passed and not served,
             reason="" if passed else reason,
         )
+
+
+@dataclass(slots=True, frozen=True)
+class Decision:
+    """What the lane does after one event of an edge attempt.
+
+    `continue`: keep decoding, sending nothing yet (a stream already released keeps sending);
+    `release`: a stream sends what it held and the rest as it comes; `escalate`: stop decoding,
+    the request goes upstream with `check`. A decision with a `check` is recorded on the request
+    (ctx.edge_check), and it ends the attempt's deadline: the deadline bounds the wait for the check.
+    """
+
+    action: Literal["continue", "release", "escalate"] = "continue"
+    check: EdgeCheck | None = None
+
+
+CONTINUE = Decision()
+RELEASE = Decision("release")
+
+
+@dataclass(slots=True, frozen=True)
+class AttemptPlan:
+    """What an attempt asks of the engine before it starts: its sampling and its deadline."""
+
+    params: SamplingParams
+    # the tokens the deadline covers (the check's, or the whole answer's); 0: no deadline
+    deadline_tokens: int = 0
+    deadline_slack: float = 0.0
+    deadline_min_s: float = 0.0
+
+    def deadline_s(self, expected_s: float | None) -> float | None:
+        """Seconds the attempt may take before its check, given what `deadline_tokens` take on the engine alone."""
+        if not self.deadline_tokens or self.deadline_slack <= 0 or expected_s is None:
+            return None
+        return self.deadline_min_s + self.deadline_slack * expected_s
+
+
+class EdgeAttempt:
+    """The decisions of one request's edge answer, made as its engine events come.
+
+    Without a judge (no cascade for the request) nothing is checked: a stream is released at its
+    first event and a whole answer is served when it ends. A judge that may escalate (the request
+    has a fallback) sets the engine's degeneration stop and a deadline, and checks the answer
+    after its first tokens (a stream's `hold_tokens`, before its first byte; a whole answer's
+    `early_check_tokens`, if still running) and at its end; a pinned request's answer is checked
+    at its end only, for the record and the cache.
+    """
+
+    __slots__ = ("_checked", "_released_at", "_structured", "judge", "stream", "hold")
+
+    def __init__(self, judge: EdgeJudge | None, *, stream: bool) -> None:
+        self.judge = judge
+        self.stream = stream
+        self.hold = 0  # tokens held before the early check (0: none)
+        if judge is not None and judge.escalate:
+            self.hold = judge.hold_tokens if stream else judge.early_check_tokens
+        self._checked = False  # the early check ran (and passed)
+        self._released_at: int | None = None  # a stream's tokens when it was released
+        self._structured = False
+
+    def plan(self, params: SamplingParams, default_max_tokens: int) -> AttemptPlan:
+        """The engine's parameters (`params` with the degeneration stop where the answer may be escalated) and the deadline."""
+        judge = self.judge
+        self._structured = params.grammar is not None
+        if judge is None or not judge.escalate:
+            return AttemptPlan(params=params)
+        params = replace(params, low_confidence_run=judge.low_confidence_run,
+                         low_confidence_logprob=judge.low_confidence_logprob)
+        # until the check: `hold` tokens, or the whole answer where nothing is checked early
+        until = self.hold or params.max_tokens or default_max_tokens
+        return AttemptPlan(params=params, deadline_tokens=until, deadline_slack=judge.deadline_slack,
+                           deadline_min_s=judge.deadline_min_s)
+
+    def on_event(self, event: GenerationEvent, tokens: Sequence[TokenInfo]) -> Decision:
+        """The decision after one engine event; `tokens`: the answer's tokens so far, this event's included."""
+        if self._released_at is not None:
+            return CONTINUE  # sent already: judged at its end, for the record and the cache
+        if event.finish_reason is not None:
+            return CONTINUE  # judged by on_end
+        if self.hold and not self._checked and event.completion_tokens >= self.hold:
+            assert self.judge is not None
+            self._checked = True
+            check = self.judge.check(tokens, None, final=False, structured=self._structured)
+            if check.escalated:
+                return Decision("escalate", check)
+            if self.stream:
+                self._released_at = len(tokens)
+                return Decision("release", check)
+            return Decision("continue", check)
+        if self.stream and not self.hold:
+            self._released_at = len(tokens)
+            return RELEASE  # no hold-back: the answer is judged when it ends, for the record and the cache
+        return CONTINUE
+
+    def on_deadline(self) -> Decision:
+        """The attempt is past its deadline before its check: a queue or a slow engine must not make
+        the request wait for an answer that may still fail its check."""
+        assert self.judge is not None
+        return Decision("escalate", EdgeCheck(confidence=None, threshold=self.judge.threshold, passed=False,
+                                              escalated=True, reason="deadline"))
+
+    def on_end(self, tokens: Sequence[TokenInfo], finish_reason: str | None) -> Decision:
+        """The decision on the whole answer once its last event came; `tokens`: all of its tokens."""
+        judge = self.judge
+        if judge is None:
+            return CONTINUE
+        if self._released_at is None:
+            check = judge.check(tokens, finish_reason, final=True, structured=self._structured)
+            return Decision("escalate" if check.escalated else "continue", check)
+        if len(tokens) > self._released_at:
+            # the whole answer's confidence decides what the cache may keep (it was served already)
+            return Decision(check=judge.check(tokens, finish_reason, final=True, served=True,
+                                              structured=self._structured))
+        return CONTINUE
 
 
 class Cascade:
@@ -207,6 +320,12 @@ class Cascade:
             deadline_slack=rules.deadline_slack,
             deadline_min_s=rules.deadline_min_s,
         )
+
+
+    def attempt_for(self, ctx: RequestContext) -> EdgeAttempt | None:
+        """The decisions of the request's edge answer; None when nothing judges it (see judge_for)."""
+        judge = self.judge_for(ctx)
+        return None if judge is None else EdgeAttempt(judge, stream=ctx.stream)
 
 
 def _last_text(ctx: RequestContext) -> str:

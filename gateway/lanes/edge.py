@@ -8,12 +8,12 @@ import uuid
 import weakref
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from edge_engine import EdgeEngine, Generation, GenerationEvent, Priority, SamplingParams, TokenInfo
 from edge_engine.errors import ContextTooLong, EngineBusy, EngineError, InvalidInput
 from gateway.capabilities import EdgeCapabilities
-from gateway.cascade import EdgeJudge, Escalate
+from gateway.cascade import Decision, EdgeAttempt, Escalate
 from gateway.context import Answer, RequestContext, Usage
 from gateway.errors import ContextLengthExceeded, GatewayError, InvalidRequest, Overloaded
 from gateway.protocol import WireRequest
@@ -86,20 +86,20 @@ def capabilities(engine: EdgeEngine) -> EdgeCapabilities:
     return found
 
 
-async def answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | None = None) -> Answer:
+async def answer(engine: EdgeEngine, ctx: RequestContext, attempt: EdgeAttempt | None = None) -> Answer:
     """Runs the request on the engine; errors before the first token raise here, not in the stream.
 
-    With a `judge` (the cascade, for `auto` requests) the answer's token confidence is checked
-    before anything is sent: a failed check raises Escalate and the client sees only the
+    With an `attempt` (the cascade's, for requests it judges) the attempt decides at each engine
+    event: a failed check raises Escalate before anything is sent, and the client sees only the
     upstream's answer.
     """
     try:
-        return await _answer(engine, ctx, judge)
+        return await _answer(engine, ctx, attempt if attempt is not None else EdgeAttempt(None, stream=ctx.stream))
     except EngineError as exc:
         raise gateway_error(exc) from None
 
 
-async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | None) -> Answer:
+async def _answer(engine: EdgeEngine, ctx: RequestContext, attempt: EdgeAttempt) -> Answer:
     body = ctx.body
     assert ctx.request is not None, "the route handler validates the request first"
     # NOTE: the route stage already sent `auto` traffic that needs more upstream; this refuses
@@ -107,95 +107,85 @@ async def _answer(engine: EdgeEngine, ctx: RequestContext, judge: EdgeJudge | No
     await capabilities(engine).check_pinned(ctx.operation, ctx.body)
     params = sampling_from_request(ctx.request)
     params.grammar = await _grammar(engine, getattr(ctx.request, "response_format", None))
-    if judge is not None and judge.escalate:
-        params.low_confidence_run = judge.low_confidence_run
-        params.low_confidence_logprob = judge.low_confidence_logprob
+    plan = attempt.plan(params, engine.settings.default_max_tokens)
     chat = ctx.operation == "chat"
     priority = Priority.BATCH if (ctx.header("x-tierlane-priority") or "").lower() == "batch" else Priority.INTERACTIVE
     started = time.perf_counter()
     generation = await engine.submit(
         messages=body.get("messages") if chat else None,
         prompt=None if chat else body.get("prompt"),
-        params=params,
+        params=plan.params,
         priority=priority,
         scope=prefix_scope(ctx),
     )
-    held: list[GenerationEvent] = []
-    hold = 0
-    if judge is not None and judge.escalate:
-        hold = judge.hold_tokens if ctx.stream else judge.early_check_tokens
-    structured = params.grammar is not None
-    checked_early = False
     deadline_at: float | None = None
-    if judge is not None and judge.escalate:
-        # until the check: `hold` tokens, or the whole answer where nothing is checked early
-        until = hold or params.max_tokens or engine.settings.default_max_tokens
-        budget = judge.deadline_s(engine.expected_seconds(generation.prompt_tokens, until))
+    if plan.deadline_tokens:
+        budget = plan.deadline_s(engine.expected_seconds(generation.prompt_tokens, plan.deadline_tokens))
         deadline_at = None if budget is None else started + budget
+    held: list[GenerationEvent] = []
+    tokens: list[TokenInfo] = []
     try:
-        # Errors before the first token raise here, not in the stream. After `hold` tokens the
-        # answer so far is checked: a failing one is escalated without decoding the rest, and a
-        # stream sends nothing before that check. A whole answer still running after as many
-        # tokens as the calibration scored is checked on those; either is judged again at its end.
-        while not held or held[-1].finish_reason is None:
-            if deadline_at is not None and judge is not None and not checked_early:
-                held.append(await _before(generation, deadline_at, ctx, judge, held, started))
-            else:
-                held.append(await generation.__anext__())
+        # Errors before the first token raise here, not in the stream. Events are held until the
+        # attempt releases them (a stream) or the answer ends; the attempt may escalate before.
+        while True:
+            event = await _next(generation, deadline_at)
+            if event is None:
+                _escalate(ctx, generation, started, attempt.on_deadline().check,
+                          held[-1].completion_tokens if held else 0)
+            held.append(event)
+            tokens.extend(event.tokens)
             if ctx.first_token_at is None:
                 ctx.first_token_at = time.perf_counter()
-            event = held[-1]
-            if hold and not checked_early and event.finish_reason is None and event.completion_tokens >= hold:
-                assert judge is not None
-                checked_early = True
-                _check(ctx, judge, generation, held, started, final=False, structured=structured)
-                if ctx.stream:
-                    break
-            elif ctx.stream and not hold:
-                break  # no hold-back: the answer is judged when it ends, for the record and the cache
+            decision = attempt.on_event(event, tokens)
+            if decision.check is not None:
+                deadline_at = None  # the deadline bounds the wait for the check
+                if decision.action == "escalate":
+                    _escalate(ctx, generation, started, decision.check, event.completion_tokens)
+                ctx.edge_check = decision.check
+            if event.finish_reason is not None or decision.action == "release":
+                break
     except BaseException:
         generation.cancel()
         ctx.lane_seconds = time.perf_counter() - started  # the lane worked on it (metered as such)
         raise
     last = held[-1]
-    tokens = [t for event in held for t in event.tokens]
-    if judge is not None and last.finish_reason is not None:
-        _check(ctx, judge, generation, held, started, final=True, structured=structured)
+    if last.finish_reason is not None:
+        _apply_end(ctx, generation, started, attempt.on_end(tokens, last.finish_reason), last.completion_tokens)
     shape = _Shape(chat=chat, model=engine.model_name, created=int(time.time()), logprobs=_logprobs_wanted(ctx))
     if not ctx.stream:
         _finish(ctx, last, started)
         return Answer(lane="edge", body=shape.body("".join(e.text for e in held), tokens, last))
-    return Answer(lane="edge", chunks=_stream(generation, held, shape, ctx, started, judge, params.grammar is not None))
+    return Answer(lane="edge", chunks=_stream(generation, held, tokens, shape, ctx, started, attempt))
 
 
-async def _before(generation: Generation, deadline_at: float, ctx: RequestContext, judge: EdgeJudge,
-                  held: list[GenerationEvent], started: float) -> GenerationEvent:
-    """The next event, or an escalation (reason `deadline`) when the attempt is past its deadline: a
-    queue or a slow engine must not make the request wait for an answer that may still fail its check."""
+async def _next(generation: Generation, deadline_at: float | None) -> GenerationEvent | None:
+    """The next event; None when the attempt is past its deadline first."""
+    if deadline_at is None:
+        return await generation.__anext__()
     try:
         async with asyncio.timeout(max(0.0, deadline_at - time.perf_counter())):  # no task per token, as wait_for made
             return await generation.__anext__()
     except TimeoutError:
-        generation.cancel()
-        ctx.lane_seconds = time.perf_counter() - started
-        out = held[-1].completion_tokens if held else 0
-        ctx.edge_check = EdgeCheck(confidence=None, threshold=judge.threshold, passed=False, escalated=True, reason="deadline",
-                                   edge_input_tokens=generation.prompt_tokens, edge_output_tokens=out)  # fmt: skip
-        raise Escalate(ctx.edge_check) from None
+        return None
 
 
-def _check(ctx: RequestContext, judge: EdgeJudge, generation: Generation, held: list[GenerationEvent], started: float,
-           *, final: bool, structured: bool) -> None:
-    """Records the judge's check of the answer so far on ctx; raises Escalate when it failed."""
-    last = held[-1]
-    check = judge.check([t for event in held for t in event.tokens], last.finish_reason, final=final,
-                        structured=structured)
-    ctx.edge_check = check
-    if check.escalated:
-        generation.cancel()
-        ctx.lane_seconds = time.perf_counter() - started
-        ctx.edge_check = replace(check, edge_input_tokens=generation.prompt_tokens, edge_output_tokens=last.completion_tokens)
-        raise Escalate(ctx.edge_check)
+def _escalate(ctx: RequestContext, generation: Generation, started: float, check: EdgeCheck | None,
+              output_tokens: int) -> NoReturn:
+    """Stops the attempt and raises Escalate with its check, metered with what the edge spent on it."""
+    assert check is not None and check.escalated
+    generation.cancel()
+    ctx.lane_seconds = time.perf_counter() - started
+    ctx.edge_check = replace(check, edge_input_tokens=generation.prompt_tokens, edge_output_tokens=output_tokens)
+    raise Escalate(ctx.edge_check) from None
+
+
+def _apply_end(ctx: RequestContext, generation: Generation, started: float, decision: Decision,
+               output_tokens: int) -> None:
+    """Applies the attempt's decision on a whole answer: its check recorded, or the request escalated."""
+    if decision.action == "escalate":
+        _escalate(ctx, generation, started, decision.check, output_tokens)
+    if decision.check is not None:
+        ctx.edge_check = decision.check
 
 
 def _logprobs_wanted(ctx: RequestContext) -> int | None:
@@ -212,31 +202,34 @@ def _logprobs_wanted(ctx: RequestContext) -> int | None:
 async def _stream(
     generation: Generation,
     held: list[GenerationEvent],
+    tokens: list[TokenInfo],
     shape: _Shape,
     ctx: RequestContext,
     started: float,
-    judge: EdgeJudge | None,
-    grammar: bool,
+    attempt: EdgeAttempt,
 ) -> AsyncGenerator[dict[str, Any], None]:
     include_usage = bool(ctx.request.include_usage)
-    tokens = [t for event in held for t in event.tokens]
     try:
         if shape.chat:
             yield shape.chunk({"role": "assistant", "content": ""}, None)
         for event in held:
             yield shape.event_chunk(event)
         event = held[-1]
+        ended = event.finish_reason is not None  # judged before the first byte
         while event.finish_reason is None:
             try:
                 event = await generation.__anext__()
             except EngineError as exc:
                 raise gateway_error(exc) from None
             tokens.extend(event.tokens)
+            decision = attempt.on_event(event, tokens)  # released: nothing is escalated any more
+            if decision.check is not None:
+                ctx.edge_check = decision.check
             yield shape.event_chunk(event)
-        if judge is not None and len(tokens) > sum(len(e.tokens) for e in held):
-            # the whole answer's confidence decides what the cache may keep (it was served already)
-            ctx.edge_check = judge.check(tokens, event.finish_reason, final=True, served=True,
-                                         structured=grammar)
+        if not ended:
+            decision = attempt.on_end(tokens, event.finish_reason)
+            if decision.check is not None:
+                ctx.edge_check = decision.check
         _finish(ctx, event, started)
         if include_usage:
             yield {**shape.chunk(None, None), "choices": [], "usage": _usage(event).to_openai()}

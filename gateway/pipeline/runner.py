@@ -61,9 +61,9 @@ class Pipeline:
             if engine is None:  # the resolve and route stages only pick the edge when it runs
                 raise Overloaded("the edge lane is not running on this gateway", retry_after=5)
             cascade = self.services.cascade
-            judge = cascade.judge_for(ctx) if cascade is not None else None
+            attempt = cascade.attempt_for(ctx) if cascade is not None else None
             try:
-                return await edge_lane.answer(engine, ctx, judge)
+                return await edge_lane.answer(engine, ctx, attempt)
             except Escalate:
                 assert ctx.fallback is not None, "only requests with a fallback are escalated"
                 ctx.lane = "upstream"
