@@ -60,8 +60,9 @@ class TrimStage:
             ctx.response_headers[TRIM_HEADER] = "off"
             return None
         # Measured by bench/trim_savings.py (stage_cost): milliseconds for a 2k-token conversation,
-        # mostly tokenizing, so it runs on a worker thread. NOTE: the trim deep-copies the body first
-        # and the loop does not touch ctx.body until it returns, so nothing mutable is shared.
+        # mostly tokenizing, so it runs on a worker thread. NOTE: the trim copies nothing (each pass
+        # writes a new dict where it changes a message and only reads the rest) and the loop does not
+        # touch ctx.body until it returns, so the thread only reads what the loop shares with it.
         # Counted with the tokenizer of the lane the request goes to: the engine's for the edge
         # lane; upstream models' tokenizers are not at hand, so those counts are estimates.
         count = self.count_tokens if ctx.lane == "edge" else None
@@ -152,7 +153,8 @@ def _record_mask(ctx: RequestContext, result: TrimResult, mode: str) -> None:
 
 
 def _record(ctx: RequestContext, result: TrimResult) -> None:
-    ctx.body["messages"] = result.body["messages"]
+    if not result.unchanged:  # else the client's own messages stay, the very objects parsed from its body
+        ctx.body["messages"] = result.body["messages"]
     ctx.trim_saved = result.nonzero()
     saved = result.tokens_saved
     ctx.attributes["tierlane.trim.tokens_saved"] = saved

@@ -1,8 +1,11 @@
-"""`trim_request`: the passes run in order over a copy of a chat request, with what each removed."""
+"""`trim_request`: the passes run in order over a chat request, with what each removed.
+
+Copy on write: every pass (and masking) puts a new dict where it changes a message and shares the
+rest, so the request is not copied first; a message no pass changed is the client's own object.
+"""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +39,11 @@ def trim_request(
     body: dict[str, Any], policy: TrimPolicy, count_tokens: Callable[[str], int] | None = None,
     prices: CachePrices | None = None,
 ) -> TrimResult:
-    """A trimmed copy of a chat request; the input is never mutated.
+    """The trimmed chat request; the input is never mutated.
+
+    The result's body is a new dict with a new messages list; each message no pass changed is the
+    input's own object (shared, not copied: no pass writes into a message), so a request nothing
+    trims comes out with `result.unchanged` and the same messages, by identity.
 
     Observation masking (`policy.agent_context`) runs last, over the trimmed messages, with the
     model's cache `prices` (default: Anthropic's ratios); in shadow mode it is planned, not applied.
@@ -45,8 +52,8 @@ def trim_request(
     """
     messages = validate_messages(body)
     counter = TokenCounter.create(count_tokens, policy.message_overhead_tokens, policy.image_part_tokens)
-    new_body = copy_json(body)
-    source: list[dict[str, Any]] = new_body["messages"]
+    source: list[dict[str, Any]] = list(body["messages"])
+    new_body = {**body, "messages": source}
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     # the model has seen a tool result once an assistant message follows it
     answered = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
@@ -87,22 +94,6 @@ def trim_request(
         counter=counter,
         mask=mask,
     )
-
-
-def copy_json(value: Any) -> Any:
-    """A deep copy of a JSON-shaped value: its dicts and lists copied, its strings and numbers
-    shared (immutable), anything else deep-copied. A third of copy.deepcopy's time on an agent's
-    1.4 MB conversation: no memo of the objects seen (a request's JSON holds no cycles; a part it
-    holds twice is copied twice)."""
-    kind = type(value)
-    if kind is dict:
-        return {k: v if type(v) in _ATOMS else copy_json(v) for k, v in value.items()}
-    if kind is list:
-        return [v if type(v) in _ATOMS else copy_json(v) for v in value]
-    return value if kind in _ATOMS else copy.deepcopy(value)
-
-
-_ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
 def _removed(old: list[Item], new: list[Item], counter: TokenCounter) -> int:

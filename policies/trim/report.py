@@ -45,6 +45,13 @@ class TrimResult:
     def changed(self) -> bool:
         return self.tokens_saved > 0 or bool(self.dropped)
 
+    @property
+    def unchanged(self) -> bool:
+        """Whether the messages are the input's own, each the same object in its place (none rewritten,
+        dropped, inserted or masked): the request goes on as it came."""
+        out = self.body["messages"]
+        return len(out) == len(self.source) and all(a is b for a, b in zip(out, self.source))
+
     def nonzero(self) -> dict[str, int]:
         return {k: v for k, v in self.saved.items() if v}
 

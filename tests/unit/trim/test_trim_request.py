@@ -195,7 +195,8 @@ def test_content_parts_and_images(edge_count: Callable[[str], int]) -> None:
     out = trim_request(body, _default(), edge_count)
     parts = out.body["messages"][0]["content"]
     assert parts == [{"type": "text", "text": "look at this"}, image]
-    assert parts[1] is not image  # a copy: later stages may rewrite the body freely
+    # copy on write: the rewritten message is a new dict, the part no pass changed is the client's own
+    assert parts[1] is image and body["messages"][0]["content"][0]["text"] == "look   at  this  "
 
 
 def test_disabled_policy_changes_nothing() -> None:
@@ -244,3 +245,17 @@ def test_policy_overrides_resolve_per_route() -> None:
         "trim: {overrides: [{match: {model: small}, set: {history: {max_tokens: 512}}}]}"))
     assert TrimPolicy.from_dict(policy.resolve("trim", model="small")).history_budget == 512
     assert TrimPolicy.from_dict(policy.resolve("trim", model="big")).history_budget is None
+
+
+def test_nothing_is_copied_where_nothing_changes(edge_count: Callable[[str], int]) -> None:
+    """Copy on write: a request no pass changes keeps its messages, each the very object it came with;
+    one pass changing one message puts a new dict there and shares the others."""
+    body = {"model": "m", "messages": [system("be brief"), user("hi"), assistant("hello"), user("and?")]}
+    out = trim_request(body, _default(), edge_count)
+    assert out.unchanged and out.body is not body and out.body["messages"] is not body["messages"]
+    assert all(a is b for a, b in zip(out.body["messages"], body["messages"], strict=True))
+    spaced = {**body, "messages": [system("be   brief  "), *body["messages"][1:]]}
+    out = trim_request(spaced, _default(), edge_count)
+    assert not out.unchanged and out.body["messages"][0] is not spaced["messages"][0]
+    assert all(a is b for a, b in zip(out.body["messages"][1:], spaced["messages"][1:], strict=True))
+    assert spaced["messages"][0]["content"] == "be   brief  "  # the input is never written into
