@@ -102,6 +102,19 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
 
 
+class TranslatedChatRequest(ChatCompletionRequest):
+    """A chat body a front door built from its own API's request, validated there already.
+
+    Its messages and tools were made by the gateway from blocks its own API's model checked (see
+    gateway/apis/*_wire.py), so they are not validated a second time, nor copied into models: on an
+    agent's turn of hundreds of messages that is most of the validation's time. The parameters,
+    which a translation copies as the client wrote them, are checked as a chat request's are.
+    """
+
+    messages: list[Any] = Field(min_length=1)
+    tools: list[Any] | None = None
+
+
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool | None = None
@@ -237,9 +250,11 @@ def check(model_type: type[M], body: Any) -> M:
         ) from None
 
 
-def validate(operation: str, body: dict[str, Any], *, max_n: int) -> WireRequest:
-    """The validated wire model of `body` for `operation`; raises InvalidRequest with `param`."""
-    model = check(_MODELS[operation], body)
+def validate(operation: str, body: dict[str, Any], *, max_n: int, translated: bool = False) -> WireRequest:
+    """The validated wire model of `body` for `operation`; raises InvalidRequest with `param`.
+
+    `translated`: a chat body a front door built from a request it validated (TranslatedChatRequest)."""
+    model = check(TranslatedChatRequest if translated and operation == "chat" else _MODELS[operation], body)
     n = getattr(model, "n", None)
     if n is not None and n > max_n:
         raise InvalidRequest(f"'n' must be at most {max_n}", param="n", code="invalid_value")

@@ -38,9 +38,10 @@ def field_record(source: web.Request | Caller) -> Dropped:
 
 def chat_context(source: web.Request | Caller, body: dict[str, Any], api: Api, dropped: Dropped | Iterable[str] = (),
                  session: str | None = None) -> RequestContext:
-    """The context of a translated request: `body` is a chat-completions body, validated as one."""
+    """The context of a translated request: `body` is a chat-completions body, validated as one (its
+    messages and tools, which the translation made from blocks validated already, not again)."""
     caller = caller_of(source)
-    wire = protocol.validate("chat", body, max_n=caller.settings.server.max_n)
+    wire = protocol.validate("chat", body, max_n=caller.settings.server.max_n, translated=True)
     ctx = RequestContext(
         request_id=caller.request_id,
         operation="chat",
