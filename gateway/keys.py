@@ -27,3 +27,4 @@ REQUEST_ID = web.RequestKey("request_id", str)
 RECEIVED_AT = web.RequestKey("received_at", float)
 PRINCIPAL = web.RequestKey("principal", Principal)
 CONTEXT = web.RequestKey("ctx", RequestContext)
+BODY_BYTES = web.RequestKey("body_bytes", int)  # the size of the body as read (inflated), where it was read

@@ -46,7 +46,7 @@ from gateway.apis.responses_wire import (
 from gateway.caller import Caller
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge
-from gateway.keys import PRINCIPAL, SERVICES, SETTINGS
+from gateway.keys import BODY_BYTES, PRINCIPAL, SERVICES, SETTINGS
 from gateway.respond import StreamEncoder, serve
 from gateway.session import SESSION_HEADER, session_key
 
@@ -301,7 +301,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         # whatever happens (refused, failed, cancelled as the client goes away) unless stored first
         quota = settings.responses
         reservation = await store.reserve(
-            tenant, len(orjson.dumps(raw)) + quota.reserve_output_bytes,
+            tenant, request[BODY_BYTES] + quota.reserve_output_bytes,  # the body as read: not serialised again
             Limits(quota.max_records_per_tenant, quota.max_bytes_per_tenant, quota.max_bytes_total))
     try:
         ctx, wire = await response_context(Caller.of(request), req, raw, store, reservation)

@@ -14,17 +14,18 @@ from gateway import protocol
 from gateway.caller import Caller
 from gateway.context import RequestContext, WireOperation
 from gateway.errors import InvalidRequest, PayloadTooLarge
-from gateway.keys import MODELS, RECEIVED_AT, REQUEST_ID, SETTINGS
+from gateway.keys import BODY_BYTES, MODELS, RECEIVED_AT, REQUEST_ID, SETTINGS
 from gateway.respond import serve
 from gateway.session import SESSION_ATTRIBUTE, SESSION_HEADER, session_key
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, at most `limit` bytes (else 413); an unreadable encoding is a 400."""
+    """The request body, at most `limit` bytes (else 413); an unreadable encoding is a 400. Its size is
+    kept on the request (BODY_BYTES)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes")
     try:
-        return await request.read()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is larger than the limit of {limit} bytes") from None
     except (web.HTTPException, RequestPayloadError, HttpProcessingError, ClientPayloadError, zlib.error, ValueError, EOFError) as exc:
@@ -35,6 +36,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             f"the request body could not be read as Content-Encoding {encoding!r}: {exc}",
             code="invalid_body_encoding",
         ) from None
+    request[BODY_BYTES] = len(raw)  # what a stage that needs the body's size reads, instead of serialising it again
+    return raw
 
 
 def openai_context(caller: Caller, operation: WireOperation, body: dict[str, Any]) -> RequestContext:

@@ -173,3 +173,26 @@ def test_translated_chat_validates_the_parameters_not_the_messages():
     assert wire.messages[0] is ok["messages"][0]  # the translation's own dict, not a model made of it
     with pytest.raises(InvalidRequest, match="messages"):
         protocol.validate("chat", {**ok, "messages": []}, max_n=1, translated=True)
+
+
+def test_a_stored_responses_body_is_not_serialised_again_for_its_size(bg, make_gateway, counted, monkeypatch):
+    """The response store's reservation takes the body's size as read, not the size of it serialised again."""
+    dumps = orjson.dumps
+    made: Counter[bytes] = Counter()
+
+    def counting_dumps(*args: Any, **kwargs: Any) -> bytes:
+        out = dumps(*args, **kwargs)
+        made[out] += 1
+        return out
+
+    monkeypatch.setattr(orjson, "dumps", counting_dumps)
+    upstream = Upstream()
+    gw, up = _gateway(bg, make_gateway, upstream)
+    try:
+        raw = dumps({"model": MODEL, "input": "Explain a.py " * 200, "store": True, "max_output_tokens": 16})
+        status, answer = _post(bg, gw.url + "/v1/responses", raw)
+        assert status == 200, answer
+        assert counted["loads"][raw] == 1 and made[raw] == 0
+        assert counted["checks"] == ["ResponsesRequest", "TranslatedChatRequest"]
+    finally:
+        up.stop()
