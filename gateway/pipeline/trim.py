@@ -16,7 +16,8 @@ from policies.pricing import Pricing
 from policies.trim import TrimPolicy, TrimResult, trim_request
 from policies.trim.agent_context import CachePrices
 from policies.trim.messages import TOOL_ROLES, texts
-from policies.trim.passes import HISTORY_REASON, TOOL_OUTPUT_MARK
+from policies.trim.passes import HISTORY_REASON, TOOL_OUTPUT_MARK, VERBATIM_ROLES
+from policies.trim.text import rewritten_before
 from telemetry import attributes as attr
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 # Requests this small are trimmed on the event loop, not on a worker thread (see small_enough_inline).
 INLINE_MESSAGES = 4
 INLINE_CHARS = 300
+# Nor are those whose prose the lossless passes have rewritten before but for this many characters (see
+# rewritten_enough): a rewrite costs about 80 us per 1,000 characters not seen before, next to nothing
+# for those an earlier turn sent (memoised), and an agent's turn re-sends its whole conversation.
+INLINE_NEW_CHARS = 4000
 
 
 def _policy_variants(policy: Policy) -> list[dict[str, Any]]:
@@ -67,9 +72,11 @@ class TrimStage:
         # lane; upstream models' tokenizers are not at hand, so those counts are estimates.
         count = self.count_tokens if ctx.lane == "edge" else None
         prices = self._prices(ctx) if policy.agent_context.mode != "off" else None
-        if count is None and small_enough_inline(ctx.body):
-            # A short request trims in well under a millisecond: less than the hop to a worker
-            # thread and back, which also makes the loop wait for the GIL behind that thread.
+        if count is None and (small_enough_inline(ctx.body) or rewritten_enough(ctx.body, policy)):
+            # A short request, or an agent's turn whose prose earlier turns sent, trims in well under a
+            # millisecond: less than the hop to a worker thread and back (about a millisecond on a busy
+            # 2-core machine, bench/hot_path_profile.py), which also makes the loop wait for the GIL
+            # behind that thread.
             result = trim_request(ctx.body, policy, None, prices)
         else:
             result = await asyncio.get_running_loop().run_in_executor(None, trim_request, ctx.body, policy, count,
@@ -129,6 +136,42 @@ def small_enough_inline(body: dict[str, Any]) -> bool:
             return False
         if chars > INLINE_CHARS:
             return False
+    return True
+
+
+def rewritten_enough(body: dict[str, Any], policy: TrimPolicy) -> bool:
+    """Whether an estimate-counted trim of `body` is cheap enough for the event loop: only the lossless
+    passes and the duplicate check on (no tool-output cut, history budget or masking, which count every
+    message), and at most INLINE_NEW_CHARS characters of the prose they rewrite (every role but user
+    and tool) not rewritten on an earlier request. Anything malformed goes to the thread, whose trim
+    says what is wrong."""
+    if policy.tool_output.enabled or policy.history_budget is not None or policy.agent_context.mode != "off":
+        return False
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    new = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            return False
+        if message.get("role") in VERBATIM_ROLES:
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            parts: list[Any] = [content]
+        elif isinstance(content, list):
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        elif content is None:
+            continue
+        else:
+            return False
+        for text in parts:
+            if not isinstance(text, str):
+                return False
+            if not rewritten_before(text):
+                new += len(text)
+                if new > INLINE_NEW_CHARS:
+                    return False
     return True
 
 

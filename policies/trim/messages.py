@@ -45,6 +45,13 @@ class TextMemo:
         self._chars = 0
         self._lock = threading.Lock()
 
+    def knows(self, text: str) -> bool:
+        """Whether `text`'s value is kept (a get would not compute it); a text too short to keep counts as known."""
+        if len(text) < self.MIN_CHARS:
+            return True
+        with self._lock:
+            return text in self._values
+
     def get(self, text: str, compute: Callable[[str], Any]) -> Any:
         if len(text) < self.MIN_CHARS or len(text) > self.max_chars // 8:
             return compute(text)

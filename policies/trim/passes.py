@@ -45,6 +45,7 @@ class Dropped:
 # recognise the question), and since every user message was once the newest, none is rewritten
 # later either, so each turn's prompt stays a byte-identical prefix of the next.
 _VERBATIM_ROLES = frozenset({*TOOL_ROLES, "user"})
+VERBATIM_ROLES = _VERBATIM_ROLES
 
 
 def _rewrite(items: list[Item], counter: TokenCounter, fn: Any) -> list[Item]:

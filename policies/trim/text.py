@@ -115,6 +115,11 @@ def _unchanged_as_itself(text: str, new: str) -> str:
     return text if new == text else new
 
 
+def rewritten_before(text: str) -> bool:
+    """Whether the lossless rewrites saw `text` on an earlier request (its rewrite is memoised, near free)."""
+    return _NORMALISED.knows(text)
+
+
 def normalise_whitespace(text: str) -> str:
     """Trailing spaces, runs of spaces and blank lines squeezed in prose; a text with code is left whole."""
     return str(_NORMALISED.get(text, _normalise))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 import yaml
 
 from gateway.context import Principal, RequestContext
-from gateway.pipeline.trim import build, small_enough_inline
+from gateway.pipeline.trim import INLINE_NEW_CHARS, build, rewritten_enough, small_enough_inline
 from gateway.services import Services
 from gateway.settings import Settings
 from policies.policy import Policy
@@ -165,10 +167,42 @@ async def test_a_small_request_is_trimmed_on_the_loop_and_a_large_one_on_a_threa
     assert handed == []  # trimmed without leaving the loop, the same way
     assert [m["content"] for m in small.body["messages"]] == ["Be brief.", "hi  there", "hello again", "last  one "]
     assert small.response_headers["x-tierlane-trim"].endswith(";estimated")
-    for ctx in (_ctx([system("word  " * 100)]), _ctx([dict(m) for m in MESSAGES])):
+    for ctx in (_ctx([system(f"{uuid.uuid4()} word  " * 500)]), _ctx([dict(m) for m in MESSAGES])):
         ctx.lane = "edge" if len(ctx.body["messages"]) > 1 else "upstream"  # the engine's tokenizer: a thread
         await stage.run(ctx)
     assert handed == [trim_request, trim_request]
+
+
+async def test_an_agent_turn_whose_prose_was_seen_before_is_trimmed_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent re-sends its conversation every turn: the first turn's long prose goes to a thread, the
+    next turn (the same prose, memoised, plus long tool results, which no lossless pass rewrites) stays on
+    the loop; the result is the same either way."""
+    loop = asyncio.get_running_loop()
+    handed: list[Any] = []
+    real = loop.run_in_executor
+
+    def counting(executor: Any, fn: Any, *args: Any) -> Any:
+        handed.append(fn)
+        return real(executor, fn, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counting)
+    stage = build(_services())
+    assert stage is not None
+    prose = f"{uuid.uuid4()} You are  a coding agent.   \n\n" * 400
+    turn = [system(prose), user("read a.py"), tool_call("c1", "read"),
+            {"role": "tool", "tool_call_id": "c1", "content": "x = 1\n" * 20_000}, user("explain")]
+    policy = stage._policy_for("t1", "a", "m")
+    assert len(prose) > INLINE_NEW_CHARS and not rewritten_enough({"messages": turn}, policy)
+    first, second = _ctx([dict(m) for m in turn]), _ctx([dict(m) for m in turn])
+    for ctx in (first, second):
+        ctx.lane = "upstream"
+        await stage.run(ctx)
+    assert handed == [trim_request]  # the first turn only
+    assert first.body == second.body and first.response_headers == second.response_headers
+    assert rewritten_enough({"messages": turn}, policy)
+    masking = dataclasses.replace(policy, agent_context=policy.agent_context.model_copy(update={"mode": "shadow"}))
+    assert not rewritten_enough({"messages": turn}, masking)  # masking counts every message: the thread
+    assert not rewritten_enough({"messages": [{"role": "system", "content": 5}]}, policy)  # malformed: the thread
 
 
 async def test_a_budget_cut_of_tool_output_is_named_in_the_header() -> None:
