@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=Path, help="recorded sessions (bench/agent_sessions.py --sessions)")
     parser.add_argument("--agent", default="claude-long", help="the recorded session replayed as agent turns")
     parser.add_argument("--turns", type=int, default=0, help="only the session's last N requests (0: all)")
+    parser.add_argument("--repeat", type=int, default=1, help="times the session's turns are replayed, measured")
     parser.add_argument("--requests", type=int, default=300, help="full-pipeline requests profiled")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--out", type=Path)
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 config["state_dir"] = str(tmp / "agent-state")
                 turns = session[-args.turns:] if args.turns else session
                 work = [w for w in session_workload(turns) if w[0] in ("/v1/messages", "/v1/responses",
-                                                                        "/v1/chat/completions")]
+                                                                        "/v1/chat/completions")] * args.repeat
                 # the agent configurations keep no cache: each replay of the session goes upstream
                 name = f"agent_turn ({args.agent}, prefix_stable)"
                 if args.timers:
