@@ -9,6 +9,7 @@ in front of an upstream on another thread, so that only the gateway's own work i
 - `agent_turn`: a recorded agent session (bench/agent_sessions.py --sessions FILE) replayed through
   the shipped defaults (agent_sessions' `prefix_stable`) to its pricing upstream, request by request.
 
+Objects alive once the gateway has started are frozen out of the cyclic GC, as `tierlane serve` does.
 The gateway's event-loop thread and the worker threads it hands work to (the trim of a long prompt,
 token counts) are profiled, each under its own profiler, and added up. Each workload runs once
 unprofiled first (imports, models, pools warm). Printed: the gateway's added time per request (its
@@ -25,6 +26,7 @@ import asyncio
 import concurrent.futures
 import copy
 import cProfile
+import gc
 import io
 import itertools
 import pstats
@@ -83,6 +85,10 @@ class Gateway:
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         self.port = self.call(self._start())
         self.profile = cProfile.Profile()
+        # as `tierlane serve` does after start-up (gateway/serve_cli.py): what lives this long is never walked
+        # again by a full collection; here that includes the recorded sessions this process loaded
+        gc.collect()
+        gc.freeze()
 
     def call(self, coro: Any, timeout: float = 600) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
