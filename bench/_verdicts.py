@@ -498,13 +498,22 @@ def _edge_learn(d: dict[str, Any]) -> list[Record]:
         after, local = serving.get("requests_after_serving") or 0, serving.get("local_after_serving") or 0
         out.append(target(f"{name}: upstream answers collected before the adapter", w.get("collect"), "<=", 2000))
         out.append(target(f"{name}: training seconds (tierlane edge learn, 2 cores)", training.get("command_seconds"), "<=", 1800))
-        out.append(rate(f"{name}: local share of the requests after the template began serving", local, after, ">=",
-                        _LEARN_SHARE.get(name, 0.5), n_of="requests after serving began"))  # fmt: skip
+        figure = f"{name}: local share of the requests after the template began serving"
+        if after:
+            out.append(rate(figure, local, after, ">=", _LEARN_SHARE.get(name, 0.5), n_of="requests after serving began"))
+        else:  # never served: none of its later requests was answered locally
+            gate = serving.get("gate") or {}
+            out.append(target(figure, 0.0, ">=", _LEARN_SHARE.get(name, 0.5), n=w.get("later"), n_of="later requests",
+                              note=f"never passed its shadow check: disagreement {gate.get('disagreement')} (upper bound "
+                              f"{gate.get('disagreement_upper')}) over {gate.get('judged')} judged answers"))  # fmt: skip
         out.append(rate(f"{name}: served disagreement with the upstream", serving.get("served_wrong") or 0, local, "<=", 0.02,
                         n_of="answers served locally"))  # fmt: skip
         judged, first = serving.get("shadow_judged_before_serving"), serving.get("requests_before_serving")
-        early = None if judged is None or first is None else int(first < judged)
-        out.append(target(f"{name}: answers served before the shadow check passed", early, "==", 0, n=first,
+        if first is None:  # never served: nothing was served before the check either
+            early, before = (0, w.get("later")) if serving.get("state") is not None else (None, None)
+        else:
+            early, before = (None if judged is None else int(first < judged)), first
+        out.append(target(f"{name}: answers served before the shadow check passed", early, "==", 0, n=before,
                           n_of="requests before serving"))  # fmt: skip
         if drift.get("was_serving"):
             out.append(target(f"{name}: requests after the upstream changed its answers until the template stopped serving",

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._harness import free_port, gateway_cmd, pct, start, stop, write  # noqa: E402
-from bench._verdicts import wilson  # noqa: E402
+from bench._verdicts import verdicts, wilson  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "learn"
 MODEL = "gpt-4o-mini"  # what the app asks for: the replay upstream answers as it, priced by the shipped tier prices
@@ -377,8 +377,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads.split(","):
             results.append(asyncio.run(run_workload(WORKLOADS[name], args, Path(tmp))))
-            write(args.name, {"what": "the edge learns an app's repeated task: collection, training, shadow, serving, drift",
-                              "settings": {k: v for k, v in vars(args).items() if k != "name"}, "workloads": results})  # fmt: skip
+            data: dict[str, Any] = {"what": "the edge learns an app's repeated task: collection, training, shadow, serving, "
+                                    "drift", "settings": {k: v for k, v in vars(args).items() if k != "name"},
+                                    "workloads": results}  # fmt: skip
+            data["verdicts"] = verdicts("edge_learn", data)
+            write(args.name, data)
     return 0
 
 
