@@ -52,8 +52,21 @@ class FlowSettings(_Strict):
     kv_saturated: float = Field(0.95, gt=0, le=1.0, description="scraped KV-cache use (0..1) at which a member counts "
                                 "as saturated")
     interactive_headroom: int = Field(
-        1, ge=0, description="free slots of a member batch requests never take, kept for interactive arrivals (at most "
-        "the member's budget less one, so a member of budget 1 still serves batch when idle)")
+        1, ge=0, description="the fewest free slots of a member batch requests leave while interactive or standard "
+        "traffic is present there (see headroom_idle_s); the adaptive reserve (headroom_miss) may keep more; at most the "
+        "member's budget less one, so a member of budget 1 still serves batch when idle")
+    headroom_miss: float = Field(
+        0.01, gt=0, lt=1, description="the adaptive reserve while interactive or standard traffic is present: the free "
+        "slots batch leaves are the fewest that the interactive and standard requests expected to arrive at the member "
+        "before its next slot frees exceed with at most this probability (a Poisson tail; their rate over "
+        "headroom_window_s, the horizon the member's mean slot time over its budget)")
+    headroom_window_s: float = Field(
+        30.0, gt=0, description="the span over which a member's interactive and standard arrival rate is counted for "
+        "the adaptive reserve")
+    headroom_idle_s: float | None = Field(
+        2.0, ge=0, description="a member with no interactive or standard request in flight or waiting, and none "
+        "arrived or ended there for this long, keeps no reserve: batch may take all its slots (the next interactive "
+        "arrival waits at most for one of them to end); null keeps the reserve always")
     standard_promote_after_s: float = Field(
         10.0, ge=0, description="a standard request waiting this long is served as an interactive one that came when it "
         "did: a steady interactive stream never starves it")

@@ -99,16 +99,78 @@ async def test_standard_is_promoted_after_its_wait_so_a_steady_interactive_strea
 
 async def test_batch_never_takes_the_last_free_slot_kept_for_interactive() -> None:
     q = Queue(member(budget=3, interactive_headroom=1))
+    await q.ask("i0", "interactive")  # a person uses the member: the reserve applies
     await q.ask("b1", "batch")
-    await q.ask("b2", "batch")
-    await q.ask("b3", "batch")  # one slot free: the headroom
-    assert q.served == ["b1", "b2"]
+    await q.ask("b2", "batch")  # one slot free: the headroom
+    assert q.served == ["i0", "b1"]
     await q.ask("i", "interactive")  # finds it free at once
-    assert q.served == ["b1", "b2", "i"]
-    await q.done("i")  # the headroom again: b3 still waits
-    assert q.served == ["b1", "b2", "i"]
+    assert q.served == ["i0", "b1", "i"]
+    await q.done("i")  # the headroom again: b2 still waits
+    assert q.served == ["i0", "b1", "i"]
     await q.done("b1")
-    assert q.served == ["b1", "b2", "i", "b3"]
+    assert q.served == ["i0", "b1", "i", "b2"]
+
+
+async def test_a_member_no_person_used_lately_lets_batch_take_every_slot() -> None:
+    clock = Clock()
+    q = Queue(member(budget=3, clock=clock, interactive_headroom=1, headroom_idle_s=2.0))
+    for name in ("b1", "b2", "b3"):
+        await q.ask(name, "batch")
+    assert q.served == ["b1", "b2", "b3"] and q.gate.reserve(3) == 0
+    await q.ask("i", "interactive")  # waits for a batch request to end, then goes before any batch waiting
+    await q.ask("b4", "batch")
+    await q.done("b1")
+    assert q.served[-1] == "i" and q.gate.reserve(3) == 1
+    await q.done("i")  # it ended just now: the reserve holds for headroom_idle_s
+    assert q.served[-1] == "i"
+    clock.now += 2.0
+    await q.done("b2")  # idle again: b4 takes the two free slots' one, and would take the last too
+    assert q.served[-1] == "b4" and q.gate.reserve(3) == 0
+
+
+async def test_batch_waiting_on_a_reserve_gets_the_slot_when_the_idle_window_ends() -> None:
+    gate = PoolFlow("p", FlowSettings(headroom_idle_s=0.02), asyncio.get_running_loop().time).gate("m", 2, 3.0)
+    q = Queue(gate)
+    await q.ask("i", "interactive")
+    await q.ask("b1", "batch")  # one free slot: the reserve, while a person is here
+    await q.ask("b2", "batch")
+    await q.done("i")  # b1 takes one of the two free slots, b2 waits on the other: the reserve
+    assert q.served == ["i", "b1"]
+    await asyncio.wait_for(q.tasks["b2"], 5)  # nothing else happens: the window's timer looks again
+    assert q.served == ["i", "b1", "b2"]
+
+
+async def test_the_reserve_grows_with_the_urgent_arrival_rate_and_the_slot_time() -> None:
+    clock = Clock()
+    gate = member(budget=64, clock=clock, interactive_headroom=1, headroom_window_s=10.0, headroom_miss=0.01)
+    slots = [await gate.acquire("interactive", "t")]  # present, no slot released yet: the floor
+    assert gate.reserve(16) == 1
+    clock.now += 4.0
+    slots.pop().release()  # slots are held 4 s: a full member frees one every 0.25 s
+    clock.now += 6.0
+    for _ in range(9):
+        slots.append(await gate.acquire("interactive", "t"))
+    # 10 arrivals in 10 s: 0.25 expected before the next slot frees; P(N > 1) = 0.026, P(N > 2) = 0.002
+    assert gate.urgent_rate() == pytest.approx(1.0)
+    assert gate.reserve(16) == 2
+    for _ in range(30):
+        slots.append(await gate.acquire("standard", "t"))  # standard counts as urgent too: 4/s, 1 expected
+    assert gate.reserve(16) == 4
+    assert gate.reserve(3) == 2  # never more than the budget less one
+    clock.now += 11.0  # the arrivals leave the window; those in flight keep the floor
+    assert gate.urgent_rate() == 0.0 and gate.reserve(16) == 1
+    for slot in slots:
+        slot.release()
+    assert gate.reserve(16) == 1  # they ended just now
+    clock.now += 2.0
+    assert gate.reserve(16) == 0
+
+
+async def test_headroom_idle_s_null_keeps_the_reserve_always() -> None:
+    q = Queue(member(budget=3, interactive_headroom=1, headroom_idle_s=None))
+    for name in ("b1", "b2", "b3"):
+        await q.ask(name, "batch")
+    assert q.served == ["b1", "b2"]
 
 
 async def test_a_member_of_budget_one_still_serves_batch_when_idle() -> None:

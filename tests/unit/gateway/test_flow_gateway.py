@@ -166,3 +166,24 @@ def test_without_a_budget_every_request_goes_at_once_as_before(bg: BackgroundLoo
         assert sum(s.queued for s in flow(bg, gw).values()) == 0
         barrier["open"] = True
         assert [f.result().status_code for f in futures] == [200] * 6
+
+
+def test_batch_fills_a_member_nobody_uses_and_leaves_a_person_one_slot_while_someone_does(bg: BackgroundLoop, make_gateway: GatewayFactory) -> None:
+    up, rec, barrier = held_upstream(bg)
+    gw = make_gateway(upstreams=[upstream_cfg("a", up.url + "/v1", models=["fake-model"], max_concurrency=2)],
+                      pools={"default": {"flow": {"headroom_idle_s": 3600}}})
+    with ThreadPoolExecutor(4) as pool:
+        lines = [pool.submit(post, gw, f"line {i}", "batch") for i in range(2)]
+        until(lambda: rec.inflight == 2, "batch lines were held back on a member no person uses")
+        barrier["open"] = True
+        assert [f.result().status_code for f in lines] == [200, 200]
+        assert post(gw, "person").status_code == 200  # someone uses it now (headroom_idle_s: for the rest of the test)
+        barrier["open"] = False
+        lines = [pool.submit(post, gw, f"later {i}", "batch") for i in range(2)]
+        until(lambda: queued(bg, gw, "batch") == 1, "the second batch line took the slot kept for people")
+        assert rec.inflight == 1
+        person = pool.submit(post, gw, "person again")
+        until(lambda: rec.inflight == 2, "the person waited for a batch line")
+        assert queued(bg, gw, "batch") == 1
+        barrier["open"] = True
+        assert person.result().status_code == 200 and [f.result().status_code for f in lines] == [200, 200]
