@@ -14,7 +14,7 @@ FIFO, as vLLM's waiting queue and llama.cpp's deferred ones do).
 In front of it, the scheduler is the gateway's: each member's `Gate` of a `PoolFlow`
 (gateway/upstream/flow.py, the very classes the pool uses, with the shipped `FlowSettings`), its
 budget the member's slots (`upstreams[].max_concurrency`). Nothing here re-implements the queues'
-order, the headroom kept for interactive arrivals or the deadlines: the event loop runs in virtual
+order, the reserve kept for interactive arrivals or the deadlines: the event loop runs in virtual
 time (a selector that advances the clock instead of sleeping), so asyncio's timers, the gates'
 futures and the servers' steps run exactly as they would, only without waiting. Placement sends a
 request to the member with the fewest requests running and waiting there (the pool's balancer
@@ -373,7 +373,11 @@ def simulate(
             "line_prompt_tokens": list(work.line_prompt),
             "line_output_tokens": list(work.line_output),
         },
-        "flow_settings": {"interactive_headroom": FlowSettings().interactive_headroom, "member_budget": slots},
+        "flow_settings": {
+            **FlowSettings().model_dump(include={"interactive_headroom", "headroom_miss", "headroom_window_s",
+                                                 "headroom_idle_s"}),
+            "member_budget": slots,
+        },
         "runs": runs,
         "predicted": {
             "utilisation_alone": alone["utilisation"],
