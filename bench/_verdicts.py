@@ -496,8 +496,11 @@ def _edge_learn(d: dict[str, Any]) -> list[Record]:
         name = w["workload"]
         serving, drift, training = w.get("serving") or {}, w.get("drift") or {}, w.get("training") or {}
         after, local = serving.get("requests_after_serving") or 0, serving.get("local_after_serving") or 0
-        out.append(target(f"{name}: upstream answers collected before the adapter", w.get("collect"), "<=", 2000))
-        out.append(target(f"{name}: training seconds (tierlane edge learn, 2 cores)", training.get("command_seconds"), "<=", 1800))
+        kept = (w.get("collection") or {}).get("pairs")
+        out.append(target(f"{name}: upstream answers collected before the adapter", w.get("collect"), "<=", 2000, n=kept,
+                          n_of="pairs kept"))  # fmt: skip
+        out.append(target(f"{name}: training seconds (tierlane edge learn, 2 cores)", training.get("command_seconds"), "<=", 1800,
+                          n=(training.get("pairs") or {}).get("train"), n_of="training pairs"))  # fmt: skip
         figure = f"{name}: local share of the requests after the template began serving"
         if after:
             out.append(rate(figure, local, after, ">=", _LEARN_SHARE.get(name, 0.5), n_of="requests after serving began"))
