@@ -17,6 +17,7 @@ choices, log-probabilities, a response_format, an output bound shorter than the 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from policies.learn.serving import Choice, LearnedServing, Local
 if TYPE_CHECKING:
     from gateway.services import Services
 
+log = logging.getLogger(__name__)
 REASON = "learned_template"
 _UNSERVABLE = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "response_format")
 
@@ -120,6 +122,11 @@ class LearnedStage:
             local = await self.serving.answer(choice, messages, Priority.INTERACTIVE)
         except EngineBusy:
             self._count(ctx, "busy")
+            return None
+        except Exception as exc:  # noqa: BLE001 - an adapter that fails (a damaged file, a failed decode): the upstream answers
+            self._count(ctx, "failed")
+            log.warning("learned template %s: the adapter failed, the upstream answers request %s: %s",
+                        match.template.name, ctx.request_id, exc)  # fmt: skip
             return None
         if local is None or not local.confident or (limit is not None and local.completion_tokens > limit):
             choice.gate.count("declined")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from policies.cache.error_bound import wilson_upper
 
 SHADOW, SERVING, SUSPENDED = "shadow", "serving", "suspended"
+MAX_TRANSITIONS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,8 @@ class Gate:
     def _move(self, state: str) -> None:
         self.state = state
         self.transitions.append((state, self.observed))
+        if len(self.transitions) > MAX_TRANSITIONS:  # bounded: the first (when it first served) and the latest
+            del self.transitions[1]
 
     def figures(self) -> dict[str, object]:
         """The state, the measured disagreement with its interval, and the counters."""

@@ -78,6 +78,7 @@ class LearnedServing:
         self._found = ArtifactDirectory(directory, base_sha256)
         self._artifacts: dict[Key, Artifact] = {}
         self._gates: dict[tuple[Key, str], Gate] = {}
+        self._thresholds: dict[tuple[str, float], float | None] = {}  # (sha256, threshold_disagreement) -> threshold
         self._sections: dict[tuple[str, str], LearnSection] = {}
         self._rng = random.Random(seed)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -99,6 +100,11 @@ class LearnedServing:
                 log.info("learned template %s: adapter %s (held-out agreement %.3f, %d pairs); shadow until its bound holds",
                          "/".join(key), artifact.name, artifact.agreement, artifact.pairs_train)  # fmt: skip
         self._artifacts = found
+        # gates and thresholds of adapters no longer on disk (replaced or deleted) go with them
+        current = {(a.key, a.sha256) for a in found.values()}
+        self._gates = {k: g for k, g in self._gates.items() if k in current}
+        shas = {a.sha256 for a in found.values()}
+        self._thresholds = {k: t for k, t in self._thresholds.items() if k[0] in shas}
 
     async def _rescan_loop(self) -> None:
         while True:
@@ -127,7 +133,10 @@ class LearnedServing:
             params = GateParams(max_disagreement=section.max_disagreement, confidence=section.confidence,
                                 min_observations=section.min_observations, window=section.window)  # fmt: skip
             gate = self._gates[(artifact.key, artifact.sha256)] = Gate(params)
-        return Choice(artifact, gate, artifact.threshold(section.threshold_disagreement).threshold)
+        key = (artifact.sha256, section.threshold_disagreement)
+        if key not in self._thresholds:  # computed once per adapter and policy value, not per request
+            self._thresholds[key] = artifact.threshold(section.threshold_disagreement).threshold
+        return Choice(artifact, gate, self._thresholds[key])
 
     # Answers.
 
